@@ -1,0 +1,80 @@
+"""Tiny causal LMs and tokenizers built locally, for offline tests, the CPU demo and notebooks.
+
+Nothing here downloads anything: the tokenizer is a character-level vocabulary assembled with the `tokenizers`
+library and the model is a freshly initialised Qwen2 with a few thousand parameters per layer.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+# A ChatML-style template (the one Qwen models use), so conversational datasets work with the tiny model too.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+SPECIAL_TOKENS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
+DEFAULT_CHARS = string.digits + string.ascii_letters + " +-*/=()[]{}<>.,:;!?'\"\\^_|$#%&@~\n"
+
+
+def build_tiny_tokenizer(chars: str = DEFAULT_CHARS):
+    """A character-level `PreTrainedTokenizerFast` over `chars`, with pad/unk/ChatML specials and a chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in dict.fromkeys(chars):  # ordered, unique
+        vocab.setdefault(ch, len(vocab))
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+        bos_token=None,
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def build_tiny_model(tokenizer, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, seed: int = 0):
+    """A randomly initialised Qwen2 causal LM sized for `tokenizer` (about 0.1M parameters by default)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def save_tiny_model(path: str | Path, **model_kwargs) -> Path:
+    """Build a tiny tokenizer and model and save both to `path` (TRL rebuilds reference models from a path)."""
+    path = Path(path)
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer, **model_kwargs)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
