@@ -92,7 +92,8 @@ def dcpo_bounds(
     """DCPO's dynamic bounds: `lower = 1/2 + 1/2 sqrt(max(1 - 4 eps_low / p, 0))`,
     `upper = min(1/2 + 1/2 sqrt(1 + 4 eps_high / p), upper_max)` (SPEC §3)."""
     with torch.no_grad():
-        inv_p = torch.exp(-old_logps.detach().float().clamp(max=0.0))
+        dtype = torch.float64 if old_logps.dtype == torch.float64 else torch.float32
+        inv_p = torch.exp(-old_logps.detach().to(dtype).clamp(max=0.0))
         lower = 0.5 + 0.5 * torch.sqrt((1 - 4 * epsilon_low * inv_p).clamp(min=0.0))
         upper = (0.5 + 0.5 * torch.sqrt(1 + 4 * epsilon_high * inv_p)).clamp(max=upper_max)
     return lower, upper

@@ -131,7 +131,12 @@ class PolicyLossTrainer(GRPOTrainer):
             advantages = advantages.unsqueeze(1)
         # Without `old_per_token_logps` TRL is on-policy: the old log-probs are the current ones, detached.
         old_per_token_logps = inputs.get("old_per_token_logps")
-        old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
+        if old_per_token_logps is None:
+            old_per_token_logps = per_token_logps.detach()
+        else:  # a non-finite old log-prob (a padded or unscored token) would make that token's loss NaN
+            old_per_token_logps = torch.where(
+                torch.isfinite(old_per_token_logps), old_per_token_logps, per_token_logps.detach()
+            )
 
         log_ratio = per_token_logps - old_per_token_logps
         if self.importance_sampling_level == "token":

@@ -1,0 +1,43 @@
+"""Run by tests/test_trainers.py under `accelerate launch` (2 CPU processes, DeepSpeed ZeRO-3): a few BandPO steps;
+each rank writes its logged metrics to `<output_dir>/log_history_rank<k>.json`."""
+
+import json
+import os
+import sys
+
+from datasets import Dataset
+
+from trl_bandpo import BandPOConfig, BandPOTrainer
+
+
+def reward(completions, answer, **kwargs):
+    return [float(c.strip().startswith(a)) + 0.05 * len(c) for c, a in zip(completions, answer)]
+
+
+def main(model_dir, output_dir):
+    dataset = Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)])
+    args = BandPOConfig(
+        output_dir=output_dir,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        num_iterations=2,
+        max_steps=2,
+        learning_rate=5e-2,
+        epsilon=0.05,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        use_cpu=True,
+    )
+    trainer = BandPOTrainer(model=model_dir, reward_funcs=reward, args=args, train_dataset=dataset)
+    trainer.train()
+    rank = trainer.accelerator.process_index
+    with open(os.path.join(output_dir, f"log_history_rank{rank}.json"), "w") as f:
+        json.dump({"log_history": trainer.state.log_history, "world": trainer.accelerator.num_processes,
+                   "deepspeed": trainer.is_deepspeed_enabled}, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
