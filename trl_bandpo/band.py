@@ -99,8 +99,11 @@ def validate_band_args(
     if relax is not None:
         ok = isinstance(relax, (tuple, list)) and len(relax) == 2
         if ok:
-            eps_low, eps_high = relax
-            ok = 0 <= float(eps_low) < 1 and 0 <= float(eps_high) < math.inf
+            try:
+                eps_low, eps_high = float(relax[0]), float(relax[1])
+                ok = 0 <= eps_low < 1 and 0 <= eps_high < math.inf
+            except (TypeError, ValueError):
+                ok = False
         if not ok:
             raise ValueError(
                 f"relax must be None or a pair (eps_low, eps_high) with 0 <= eps_low < 1 and 0 <= eps_high < inf, "
@@ -229,7 +232,8 @@ def _solve_binary_kl_lower(s: torch.Tensor, one_minus_s: torch.Tensor, radius: f
     s = s.clamp(min=tiny)
     one_minus_s = one_minus_s.clamp(min=tiny)
     neg_inv_one_minus_s = one_minus_s.reciprocal().neg_()
-    t_floor = (one_minus_s * one_minus_s.log()).sub_(radius).div_(s)
+    # Floored at 2 log(tiny): any t below underflows exp(t) to 0 anyway, and -inf would turn Newton into NaN.
+    t_floor = (one_minus_s * one_minus_s.log()).sub_(radius).div_(s).clamp_(min=2 * math.log(tiny))
     t_ceil = torch.tensor(-radius, dtype=s.dtype, device=s.device)
     t = (2 * radius * one_minus_s / s).sqrt_().neg_().add_(1).clamp_(min=tiny).log_()
     t = torch.clamp(t, t_floor, t_ceil)
@@ -246,6 +250,7 @@ def _generic_bounds(logp: torch.Tensor, radius: float, f: Callable[[torch.Tensor
     """Bounds for any convex generator by bracketed bisection (float64): on `r` in `[0, 1]` for the lower root and
     on `log r` in `[0, -log p]` for the upper one, so both reach the accuracy target in `_BISECTION_STEPS` steps."""
     tiny = torch.finfo(logp.dtype).tiny
+    underflow = logp < math.log(tiny)  # p = 0 to float precision: upper is the cap, as 1/p overflows for KL/TV/chi2
     logp = logp.clamp(min=math.log(tiny))
     p = torch.exp(logp)
     one_minus_p = -torch.expm1(logp)
@@ -273,5 +278,6 @@ def _generic_bounds(logp: torch.Tensor, radius: float, f: Callable[[torch.Tensor
         above = excess(torch.exp(mid)) > 0
         lo, hi = torch.where(above, lo, mid), torch.where(above, mid, hi)
     upper = torch.where(excess(torch.exp(-logp)) <= 0, torch.exp(-logp), torch.exp(lo))
+    upper = upper.masked_fill(underflow, math.inf)
     nan = torch.isnan(logp)  # comparisons above treat NaN as False; propagate it explicitly
     return lower.masked_fill(nan, math.nan), upper.masked_fill(nan, math.nan)
