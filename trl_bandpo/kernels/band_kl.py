@@ -1,0 +1,272 @@
+"""Fused Triton kernel for the KL Band bounds (`band_bounds(..., divergence="kl")`).
+
+One program reads a block of `old_logps` once and writes `lower` and `upper`: both roots of the binary-KL equation
+(SPEC §1) by the algorithm of the torch solver in `trl_bandpo.band` (`_kl_bounds` / `_solve_binary_kl_lower`):
+safeguarded Newton in log space from the chi-square start, 3 steps in float32 and 4 in float64, both roots as
+"lower roots" via the symmetry (p, q) -> (1-p, 1-q), then the `upper_max` cap and the `relax` union.
+fp16 / bf16 / fp32 input is solved in fp32 and written as fp32; fp64 input is solved and written in fp64.
+
+The launcher is registered as the opaque custom op `torch.ops.trl_bandpo.band_bounds_kl` (with a fake
+implementation), so it can sit inside `torch.compile` graphs and CUDA-graph captures; it never syncs with the host.
+The torch fallback is `trl_bandpo.band.band_bounds(..., solver="torch")`.
+
+Under `TRITON_INTERPRET=1` (set before this module is imported) the kernel runs on CPU tensors through Triton's
+interpreter, which has no libdevice: `expm1` / `log1p` are then built from `exp` / `log` (numpy's, exact to an ulp)
+with Kahan's compensations. On GPU they are libdevice's, and so are `exp` / `log` (`tl.exp` / `tl.log` in fp32 may
+lower to the approximate `ex2` / `lg2` instructions, whose error `|x| * 2^-24` on `exp(-logp) = 1/p` alone would
+use up half of the float32 accuracy target at p = 1e-8).
+"""
+
+import math
+import os
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..band import validate_band_args
+
+__all__ = ["band_bounds_kl_triton"]
+
+# Newton steps, as in the torch solver (trl_bandpo.band._KL_NEWTON_STEPS{,_FLOAT32}).
+_NEWTON_STEPS_FP32 = 3
+_NEWTON_STEPS_FP64 = 4
+
+
+def _interpreting() -> bool:
+    """Whether `triton.jit` builds interpreted kernels in this process (decided when this module is imported)."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None and hasattr(knobs, "runtime"):
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on", "y")
+
+
+INTERPRETED = _interpreting()
+
+if INTERPRETED:
+
+    @triton.jit
+    def _exp(x):
+        return tl.exp(x)
+
+    @triton.jit
+    def _log(x):
+        return tl.log(x)
+
+    @triton.jit
+    def _sqrt(x):
+        return tl.sqrt(x)
+
+    @triton.jit
+    def _expm1(x):
+        # Kahan: (e^x - 1) * x / log(e^x) cancels the rounding error of e^x to first order. Here x <= 0 always.
+        u = tl.exp(x)
+        um1 = u - 1.0
+        exact = (u == 1.0) | (um1 == -1.0)
+        ratio = x / tl.log(tl.where(exact, 0.5, u))
+        return tl.where(u == 1.0, x, tl.where(um1 == -1.0, um1, um1 * ratio))
+
+    @triton.jit
+    def _log1p(x):
+        # Kahan: log(1 + x) * x / ((1 + x) - 1) for small x; plain log(1 + x) when there is nothing to cancel.
+        w = 1.0 + x
+        wm1 = tl.where(w == 1.0, 1.0, w - 1.0)
+        small = x * (tl.log(w) / wm1)
+        return tl.where(w == 1.0, x, tl.where(x > 1.0, tl.log(w), small))
+
+else:
+    from triton.language.extra import libdevice
+
+    @triton.jit
+    def _exp(x):
+        return libdevice.exp(x)
+
+    @triton.jit
+    def _log(x):
+        return libdevice.log(x)
+
+    @triton.jit
+    def _sqrt(x):
+        return libdevice.sqrt(x)
+
+    @triton.jit
+    def _expm1(x):
+        return libdevice.expm1(x)
+
+    @triton.jit
+    def _log1p(x):
+        return libdevice.log1p(x)
+
+
+@triton.jit
+def _kl_lower_root_log_ratio(s, one_minus_s, radius, tiny, t_min, NEWTON_STEPS: tl.constexpr):
+    """`t = log(q/s)` with `KL(Bern(s) || Bern(q)) = radius`, `q < s` (see `band._solve_binary_kl_lower`).
+
+    Newton on the convex, decreasing h(t) = -s t - (1-s) log1p(-s expm1(t) / (1-s)) - radius, every iterate
+    clamped to [t_floor, -radius]. `t_floor = ((1-s) log(1-s) - radius) / s` is floored at `t_min = 2 log(tiny)`:
+    any t below underflows exp(t) to 0 anyway, and `radius / tiny` can overflow to -inf, which turns Newton into NaN.
+    """
+    s = tl.maximum(s, tiny)
+    one_minus_s = tl.maximum(one_minus_s, tiny)
+    neg_inv_one_minus_s = -1.0 / one_minus_s
+    t_floor = tl.maximum((one_minus_s * _log(one_minus_s) - radius) / s, t_min)
+    t_ceil = -radius
+    t = _log(tl.maximum(1.0 - _sqrt(2.0 * radius * one_minus_s / s), tiny))
+    t = tl.minimum(tl.maximum(t, t_floor), t_ceil)
+    for _ in tl.static_range(NEWTON_STEPS):
+        u = _expm1(t) * s
+        minus_h = s * t + one_minus_s * _log1p(u * neg_inv_one_minus_s) + radius
+        # t - h / h' with h' = u / (1 - q) and 1 - q = (1 - s) - u
+        t = t + minus_h * ((one_minus_s - u) / u)
+        t = tl.minimum(tl.maximum(t, t_floor), t_ceil)
+    return t
+
+
+@triton.jit
+def _band_kl_kernel(
+    logp_ptr,
+    lower_ptr,
+    upper_ptr,
+    n_elements,
+    radius_arg: tl.float64,
+    cap_arg: tl.float64,
+    relax_lower_arg: tl.float64,
+    relax_upper_arg: tl.float64,
+    COMPUTE_DTYPE: tl.constexpr,
+    TINY: tl.constexpr,
+    T_MIN: tl.constexpr,
+    HAS_RELAX: tl.constexpr,
+    NEWTON_STEPS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Reads `logp[n]` (any float dtype), writes `lower[n]`, `upper[n]` in COMPUTE_DTYPE (fp32 or fp64)."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = offsets < n_elements
+    x = tl.load(logp_ptr + offsets, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    # Scalars arrive as fp64 and are rounded once to the compute dtype, as torch does with Python scalars.
+    radius = tl.full([BLOCK_SIZE], radius_arg, COMPUTE_DTYPE)
+    tiny = tl.full([BLOCK_SIZE], TINY, COMPUTE_DTYPE)
+    t_min = tl.full([BLOCK_SIZE], T_MIN, COMPUTE_DTYPE)
+
+    is_nan = x != x
+    logp = tl.minimum(x, 0.0)  # positive log-probabilities count as p = 1
+    p = _exp(logp)
+    one_minus_p = -_expm1(logp)
+    t_low = _kl_lower_root_log_ratio(p, one_minus_p, radius, tiny, t_min, NEWTON_STEPS)
+    t_high = _kl_lower_root_log_ratio(one_minus_p, p, radius, tiny, t_min, NEWTON_STEPS)
+    lower = _exp(t_low)
+    # upper = q / p with 1 - q = (1 - p) e^t_high, without the cancellation of 1 - (1 - q) when q is small
+    upper = _exp(t_high) - _expm1(t_high) * _exp(-logp)
+
+    upper = tl.minimum(upper, tl.full([BLOCK_SIZE], cap_arg, COMPUTE_DTYPE))
+    if HAS_RELAX:
+        lower = tl.minimum(lower, tl.full([BLOCK_SIZE], relax_lower_arg, COMPUTE_DTYPE))
+        upper = tl.maximum(upper, tl.full([BLOCK_SIZE], relax_upper_arg, COMPUTE_DTYPE))
+    lower = tl.where(is_nan, x, lower)
+    upper = tl.where(is_nan, x, upper)
+    tl.store(lower_ptr + offsets, lower, mask=mask)
+    tl.store(upper_ptr + offsets, upper, mask=mask)
+
+
+def _launch_config(compute_dtype: torch.dtype) -> tuple[int, int]:
+    """`(BLOCK_SIZE, num_warps)`: 4 fp32 / 2 fp64 elements per thread (the kernel is bound by its arithmetic)."""
+    return (1024, 8) if compute_dtype == torch.float32 else (512, 8)
+
+
+def _band_kl_launch(
+    old_logps: torch.Tensor,
+    radius: float,
+    upper_max: Optional[float] = None,
+    relax_low: Optional[float] = None,
+    relax_high: Optional[float] = None,
+    block_size: Optional[int] = None,
+    num_warps: Optional[int] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch `_band_kl_kernel` on `old_logps` (any shape); returns `(lower, upper)` shaped like it."""
+    if not old_logps.is_cuda and not INTERPRETED:
+        raise ValueError(
+            f"the Triton Band kernel needs a CUDA tensor, got one on {old_logps.device.type} "
+            "(set TRITON_INTERPRET=1 before importing trl_bandpo.kernels.band_kl to run it on CPU)."
+        )
+    if old_logps.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        old_logps = old_logps.float()
+    compute_dtype = torch.float64 if old_logps.dtype == torch.float64 else torch.float32
+    x = old_logps.detach().reshape(-1).contiguous()
+    lower = torch.empty(old_logps.shape, dtype=compute_dtype, device=old_logps.device)
+    upper = torch.empty(old_logps.shape, dtype=compute_dtype, device=old_logps.device)
+    n = x.numel()
+    if n == 0:
+        return lower, upper
+    default_block, default_warps = _launch_config(compute_dtype)
+    block_size = block_size or default_block
+    finfo = torch.finfo(compute_dtype)
+    has_relax = relax_low is not None or relax_high is not None
+    grid = (triton.cdiv(n, block_size),)
+    if x.is_cuda:
+        guard = torch.cuda.device(x.device)
+    else:  # the interpreter: numpy warns about the infinities the kernel handles (exp(-logp) at p = 0, ...)
+        import numpy as np
+
+        guard = np.errstate(all="ignore")
+    with guard:
+        _band_kl_kernel[grid](
+            x,
+            lower,
+            upper,
+            n,
+            float(radius),
+            finfo.max if upper_max is None else float(upper_max),
+            1.0 - float(relax_low or 0.0),
+            1.0 + float(relax_high or 0.0),
+            COMPUTE_DTYPE=tl.float64 if compute_dtype == torch.float64 else tl.float32,
+            TINY=finfo.tiny,
+            T_MIN=2 * math.log(finfo.tiny),
+            HAS_RELAX=has_relax,
+            NEWTON_STEPS=_NEWTON_STEPS_FP64 if compute_dtype == torch.float64 else _NEWTON_STEPS_FP32,
+            BLOCK_SIZE=block_size,
+            num_warps=num_warps or default_warps,
+        )
+    return lower, upper
+
+
+@torch.library.custom_op("trl_bandpo::band_bounds_kl", mutates_args=())
+def _band_bounds_kl_op(
+    old_logps: torch.Tensor,
+    radius: float,
+    upper_max: Optional[float],
+    relax_low: Optional[float],
+    relax_high: Optional[float],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _band_kl_launch(old_logps, radius, upper_max, relax_low, relax_high)
+
+
+@_band_bounds_kl_op.register_fake
+def _(old_logps, radius, upper_max, relax_low, relax_high):
+    dtype = torch.float64 if old_logps.dtype == torch.float64 else torch.float32
+    return old_logps.new_empty(old_logps.shape, dtype=dtype), old_logps.new_empty(old_logps.shape, dtype=dtype)
+
+
+def band_bounds_kl_triton(
+    old_logps: torch.Tensor,
+    radius: float,
+    *,
+    upper_max: Optional[float] = None,
+    relax: Optional[tuple[float, float]] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL Band bounds `(lower, upper)` from the fused kernel, same semantics as `band_bounds(..., "kl")`.
+
+    Args:
+        old_logps (`torch.Tensor`, any shape, fp16/bf16/fp32/fp64, on CUDA): `log pi_old(a|s)`.
+        radius (`float`): the KL radius `delta > 0`.
+        upper_max (`float`, *optional*): cap on `upper` (`None`: the dtype's largest finite value).
+        relax (`tuple[float, float]`, *optional*): `(eps_low, eps_high)`, union with `[1 - eps_low, 1 + eps_high]`.
+
+    Returns:
+        `(lower, upper)` shaped like `old_logps`, float32 (float64 for float64 input).
+    """
+    validate_band_args(radius, "kl", "triton", upper_max, relax)
+    relax_low, relax_high = (None, None) if relax is None else (float(relax[0]), float(relax[1]))
+    return torch.ops.trl_bandpo.band_bounds_kl(
+        old_logps.detach(), float(radius), None if upper_max is None else float(upper_max), relax_low, relax_high
+    )
