@@ -200,11 +200,26 @@ def _closed_form_bounds(logp: torch.Tensor, half_width: torch.Tensor):
     return lower, upper
 
 
+# On CPU the solver runs over chunks of this many tokens: its ~40 elementwise passes then stay in cache instead of
+# streaming 8 MB temporaries through memory (measured 30% faster at 1M tokens, benchmarks/RESULTS.md).
+_CPU_CHUNK = 1 << 16
+
+
 def _kl_bounds(logp: torch.Tensor, radius: float):
-    """KL bounds. Binary KL is symmetric under (p, q) -> (1-p, 1-q), so both roots are lower roots (SPEC §1):
-    `lower = exp(t(p))` and `upper = (1 - (1-p) exp(t(1-p))) / p`, with `t(s)` from `_solve_binary_kl_lower`.
-    Returns flat tensors."""
+    """KL bounds as flat tensors (see `_kl_bounds_flat`), in cache-sized chunks on CPU."""
     logp = logp.reshape(-1)
+    if logp.device.type != "cpu" or logp.numel() <= _CPU_CHUNK:
+        return _kl_bounds_flat(logp, radius)
+    lower, upper = torch.empty_like(logp), torch.empty_like(logp)
+    for start in range(0, logp.numel(), _CPU_CHUNK):  # a loop over sizes, not data: no synchronisation
+        chunk = slice(start, start + _CPU_CHUNK)
+        lower[chunk], upper[chunk] = _kl_bounds_flat(logp[chunk], radius)
+    return lower, upper
+
+
+def _kl_bounds_flat(logp: torch.Tensor, radius: float):
+    """KL bounds for 1-D `logp`. Binary KL is symmetric under (p, q) -> (1-p, 1-q), so both roots are lower roots
+    (SPEC §1): `lower = exp(t(p))` and `upper = (1 - (1-p) exp(t(1-p))) / p`, `t(s)` from `_solve_binary_kl_lower`."""
     p = torch.exp(logp)
     one_minus_p = torch.expm1(logp).neg_()
     # Both sides in one batch: half the kernel launches of two separate solves.
