@@ -1,0 +1,334 @@
+"""Every recipe parses through `trl_bandpo.train`'s parser, matches its paper's settings and batch mapping, and says
+how to launch it; every accelerate config loads; misspelled keys fail loudly."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trl_bandpo.train import ConfigError, main, make_parser, parse_args, trainer_class_for
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes"
+ACCELERATE_CONFIGS = ROOT / "accelerate_configs"
+RECIPE_FILES = sorted(RECIPES.rglob("*.yaml"))
+RECIPE_IDS = [str(path.relative_to(RECIPES)) for path in RECIPE_FILES]
+
+# Paper batch settings: prompts per step P, samples per prompt G, prompts per mini-batch M.
+PAPER_BATCH = {"bandpo": (256, 16, 64), "dgpo": (512, 16, 32), "lora": (16, 8, 4)}
+# Paper training steps per model (generation batches).
+PAPER_STEPS = {
+    ("bandpo", "qwen2.5-3b-instruct"): 800,
+    ("bandpo", "deepseek-r1-distill-qwen-1.5b"): 800,
+    ("bandpo", "deepseek-r1-distill-qwen-7b"): 500,
+    ("bandpo", "deepseek-r1-distill-llama-8b"): 500,
+    ("dgpo", "deepseek-r1-distill-qwen-1.5b"): 500,
+    ("dgpo", "deepseek-r1-distill-qwen-7b"): 500,
+    ("dgpo", "deepseek-r1-distill-qwen-14b"): 500,
+    ("lora", "qwen2.5-0.5b-instruct"): 200,
+    ("lora", "qwen2.5-1.5b-instruct"): 200,
+}
+HUB_IDS = {
+    "qwen2.5-3b-instruct": "Qwen/Qwen2.5-3B-Instruct",
+    "qwen2.5-0.5b-instruct": "Qwen/Qwen2.5-0.5B-Instruct",
+    "qwen2.5-1.5b-instruct": "Qwen/Qwen2.5-1.5B-Instruct",
+    "deepseek-r1-distill-qwen-1.5b": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+    "deepseek-r1-distill-qwen-7b": "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+    "deepseek-r1-distill-qwen-14b": "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B",
+    "deepseek-r1-distill-llama-8b": "deepseek-ai/DeepSeek-R1-Distill-Llama-8B",
+}
+DGPO_LR = {"1.5b": 1e-6, "7b": 4.63e-7, "14b": 3.27e-7}
+# File-name method -> (policy_loss, loss_type or None for "the folder's default").
+METHODS = {
+    "grpo": ("clip", None),
+    "clip-higher": ("clip", None),
+    "band-kl-0.03": ("band", None),
+    "band-kl-0.05": ("band", None),
+    "band-kl-0.1": ("band", None),
+    "relaxed-band-kl-0.05": ("relaxed_band", None),
+    "dcpo": ("dcpo", None),
+    "cispo": ("clip", "cispo"),
+    "gppo": ("gppo", None),
+    "ce-gppo": ("ce_gppo", None),
+    "aspo": ("aspo", None),
+    "dgpo": ("dgpo", None),
+}
+DEFAULT_LOSS_TYPE = {"bandpo": "grpo", "dgpo": "dapo", "lora": "grpo"}
+# Keys allowed to differ between the recipes of one (folder, model): the policy loss and the run's name.
+POLICY_KEYS = {
+    "policy_loss", "band_divergence", "band_radius", "band_upper_max", "band_relax", "epsilon", "epsilon_high",
+    "delta", "loss_type", "dgpo_n", "dgpo_m", "ce_gppo_beta1", "ce_gppo_beta2", "aspo_c_pos", "aspo_c_neg",
+    "output_dir", "run_name",
+}  # fmt: skip
+
+
+def _split_name(path: Path):
+    folder = path.parent.name
+    stem = path.stem
+    server = stem.endswith("_vllm-server")
+    stem = stem.removesuffix("_vllm-server")
+    model, _, method = stem.partition("_")
+    return folder, model, method, server
+
+
+def _parse(path: Path, *extra: str):
+    # bf16 (the recipes' precision) is validated against the device; this CPU-only host needs use_cpu to accept it.
+    return parse_args(["--config", str(path), "--use_cpu", "true", *extra])
+
+
+def _header(path: Path) -> str:
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _launch_processes(header: str) -> int:
+    match = re.search(r"accelerate launch --config_file accelerate_configs/(\S+)\.yaml --num_processes (\d+)", header)
+    assert match, "the header must give the accelerate launch command with --config_file and --num_processes"
+    assert (ACCELERATE_CONFIGS / f"{match.group(1)}.yaml").is_file(), f"no accelerate_configs/{match.group(1)}.yaml"
+    return int(match.group(2))
+
+
+def test_recipe_set_is_complete():
+    names = {str(path.relative_to(RECIPES)) for path in RECIPE_FILES}
+    for model in ("qwen2.5-3b-instruct", "deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b",
+                  "deepseek-r1-distill-llama-8b"):  # fmt: skip
+        for method in ("grpo", "clip-higher", "band-kl-0.05", "relaxed-band-kl-0.05", "dcpo"):
+            assert f"bandpo/{model}_{method}.yaml" in names
+        assert f"bandpo/{model}_band-kl-0.05_vllm-server.yaml" in names
+    for model in ("qwen2.5-3b-instruct", "deepseek-r1-distill-qwen-7b"):
+        assert {f"bandpo/{model}_band-kl-0.03.yaml", f"bandpo/{model}_band-kl-0.1.yaml"} <= names
+    for model in ("deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b", "deepseek-r1-distill-qwen-14b"):
+        for method in ("grpo", "cispo", "gppo", "ce-gppo", "aspo", "dgpo"):
+            assert f"dgpo/{model}_{method}.yaml" in names
+        assert f"dgpo/{model}_dgpo_vllm-server.yaml" in names
+    for model in ("qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct"):
+        for method in ("grpo", "band-kl-0.05", "dgpo"):
+            assert f"lora/{model}_{method}.yaml" in names
+    assert (RECIPES / "README.md").is_file()
+
+
+@pytest.mark.parametrize("path", RECIPE_FILES, ids=RECIPE_IDS)
+def test_recipe_parses_and_matches_its_paper(path):
+    folder, model, method, server = _split_name(path)
+    script_args, args, model_args = _parse(path)
+
+    # Header: what, hardware, the launch command for this very file.
+    header = _header(path)
+    assert header, "a recipe starts with a comment header"
+    assert "Hardware:" in header and "Launch:" in header
+    assert f"--config recipes/{path.relative_to(RECIPES)}" in header
+    num_processes = _launch_processes(header)
+
+    # Model, method and trainer class.
+    assert model_args.model_name_or_path == HUB_IDS[model]
+    policy_loss, loss_type = METHODS[method]
+    assert args.policy_loss == policy_loss
+    assert args.loss_type == (loss_type or DEFAULT_LOSS_TYPE[folder])
+    assert trainer_class_for(args.policy_loss).__name__ == ("DGPOTrainer" if policy_loss == "dgpo" else "BandPOTrainer")
+    if method.startswith(("band-kl-", "relaxed-band-kl-")):
+        assert args.band_divergence == "kl"
+        assert args.band_radius == float(method.rsplit("-", 1)[1])
+        assert args.band_upper_max == 10.0
+
+    # Batch mapping (recipes/README.md): P prompts x G samples per generation, M prompts per optimizer step.
+    prompts, samples, mini_batch = PAPER_BATCH[folder]
+    assert args.num_generations == samples
+    assert args.generation_batch_size == prompts * samples
+    assert args.per_device_train_batch_size * num_processes * args.gradient_accumulation_steps == mini_batch * samples
+    assert args.generation_batch_size % (args.per_device_train_batch_size * num_processes) == 0
+    steps_per_generation = args.generation_batch_size // (args.per_device_train_batch_size * num_processes)
+    assert steps_per_generation == (prompts // mini_batch) * args.gradient_accumulation_steps
+    assert args.num_iterations == 1
+    assert args.max_steps == PAPER_STEPS[(folder, model)] * prompts // mini_batch
+    assert args.logging_steps == prompts // mini_batch
+
+    # Shared settings.
+    assert args.temperature == 1.0 and args.top_p == 1.0
+    assert args.bf16 and args.max_grad_norm == 1.0
+    assert args.lr_scheduler_type == "constant" and args.warmup_steps == 0
+    assert args.scale_rewards == "group"
+    assert script_args.reward == "signed"
+    assert args.output_dir.endswith(f"{folder}/{path.stem}")
+    if folder == "bandpo":
+        assert script_args.dataset_name == ["dapo-math-17k", "math-level3to5"]
+        assert args.learning_rate == 1e-6 and args.beta == 0.001 and args.delta == 10.0
+        assert args.use_bias_correction_kl is False
+        assert args.max_completion_length == 4096
+        assert (args.adam_beta1, args.adam_beta2, args.weight_decay) == (0.9, 0.999, 0.01)
+        expected_eps = {"grpo": (0.2, 0.2), "dcpo": (0.16, 0.2)}.get(method, (0.2, 0.28))
+        assert (args.epsilon, args.epsilon_high) == expected_eps
+    elif folder == "dgpo":
+        assert script_args.dataset_name == ["dapo-math-17k"]
+        assert math.isclose(args.learning_rate, DGPO_LR[model.rsplit("-", 1)[1]])
+        assert args.beta == 0.0 and args.max_completion_length == 8192 and args.seed == 42
+        assert (args.adam_beta1, args.adam_beta2) == (0.9, 0.95)
+        assert args.epsilon == 0.2
+        assert args.epsilon_high == (1.2 if method == "cispo" else 0.2)  # TRL's cispo cap is absolute: 1 + 0.2
+        assert args.delta == (3.0 if method == "grpo" else None)
+        if method == "dgpo":
+            assert (args.dgpo_n, args.dgpo_m) == ((2, 2.0) if model.endswith("1.5b") else (1, 2.0))
+        if method == "ce-gppo":
+            assert (args.ce_gppo_beta1, args.ce_gppo_beta2) == (0.75, 1.0)
+        if method == "aspo":
+            assert (args.aspo_c_pos, args.aspo_c_neg) == (3.0, 3.0)
+    else:
+        assert model_args.use_peft and model_args.lora_r == 32 and model_args.lora_target_modules
+        assert args.use_vllm is False and num_processes == 1
+
+    # vLLM: colocated, or a server whose command is in the header.
+    if folder != "lora":
+        assert args.use_vllm
+        assert args.vllm_mode == ("server" if server else "colocate")
+    if server:
+        serve = re.search(r"trl vllm-serve --model (\S+) --tensor-parallel-size (\d+)", header)
+        assert serve, "a server recipe gives the exact `trl vllm-serve` command"
+        assert serve.group(1) == model_args.model_name_or_path
+        assert "--max-model-len" in header
+
+
+def test_recipes_of_a_set_differ_only_in_the_policy_loss():
+    groups: dict[tuple, list[tuple[str, dict]]] = {}
+    for path in RECIPE_FILES:
+        folder, model, method, server = _split_name(path)
+        groups.setdefault((folder, model, server), []).append((path.name, yaml.safe_load(path.read_text())))
+    for key, members in groups.items():
+        reference_name, reference = members[0]
+        for name, recipe in members[1:]:
+            for field in (set(reference) | set(recipe)) - POLICY_KEYS:
+                assert reference.get(field) == recipe.get(field), (
+                    f"{key}: {name} and {reference_name} differ in {field!r} "
+                    f"({recipe.get(field)!r} vs {reference.get(field)!r})"
+                )
+
+
+def test_server_variant_matches_its_colocated_recipe():
+    for path in RECIPE_FILES:
+        if not path.stem.endswith("_vllm-server"):
+            continue
+        colocated = yaml.safe_load(path.with_name(path.stem.removesuffix("_vllm-server") + ".yaml").read_text())
+        server = yaml.safe_load(path.read_text())
+        allowed = {"vllm_mode", "output_dir", "run_name", "gradient_accumulation_steps"}
+        allowed |= {key for key in set(colocated) | set(server) if key.startswith("vllm_")}
+        for field in (set(colocated) | set(server)) - allowed:
+            assert colocated.get(field) == server.get(field), f"{path.name}: {field!r} differs from colocated"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Loud failures
+# ---------------------------------------------------------------------------------------------------------------------
+
+RECIPE = RECIPES / "bandpo" / "qwen2.5-3b-instruct_band-kl-0.05.yaml"
+
+
+def _copy_with(tmp_path, old: str, new: str) -> Path:
+    text = RECIPE.read_text()
+    assert old in text
+    target = tmp_path / "recipe.yaml"
+    target.write_text(text.replace(old, new, 1))
+    return target
+
+
+def test_misspelled_recipe_key_fails_naming_it(tmp_path):
+    recipe = _copy_with(tmp_path, "learning_rate: 1.0e-6", "learnig_rate: 1.0e-6")
+    with pytest.raises(ConfigError) as err:
+        _parse(recipe)
+    message = str(err.value)
+    assert "'learnig_rate'" in message and "did you mean" in message and "'learning_rate'" in message
+    assert str(recipe) in message
+
+
+def test_misspelled_policy_key_fails_naming_it(tmp_path):
+    recipe = _copy_with(tmp_path, "band_radius: 0.05", "band_radious: 0.05")
+    with pytest.raises(ConfigError, match=r"'band_radious'.*did you mean 'band_radius'"):
+        _parse(recipe)
+
+
+def test_misspelled_command_line_flag_fails_naming_it():
+    with pytest.raises(ConfigError, match=r"'band_radus'.*did you mean 'band_radius'"):
+        _parse(RECIPE, "--band_radus", "0.1")
+
+
+def test_main_exits_with_status_2_and_a_message(tmp_path, capsys):
+    recipe = _copy_with(tmp_path, "num_generations: 16", "num_generation: 16")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(recipe), "--use_cpu", "true"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "'num_generation'" in err and "'num_generations'" in err
+
+
+@pytest.mark.parametrize(
+    "old, new, needle",
+    [
+        ("policy_loss: band", "policy_loss: bandd", "policy_loss"),
+        ("reward: signed", "reward: binary", "reward"),
+        ("band_radius: 0.05", "band_radius: -1.0", "band"),
+    ],
+)
+def test_invalid_values_fail(tmp_path, old, new, needle):
+    with pytest.raises(ConfigError, match=needle):
+        _parse(_copy_with(tmp_path, old, new))
+
+
+def test_command_line_overrides_the_recipe():
+    script_args, args, _ = _parse(RECIPE, "--band_radius", "0.1", "--max_steps", "7", "--dataset_name", "x.jsonl")
+    assert args.band_radius == 0.1 and args.max_steps == 7
+    assert script_args.dataset_name == ["x.jsonl"]
+
+
+def test_none_on_the_command_line_unsets_a_recipe_value():
+    _, args, _ = _parse(RECIPE, "--policy_loss", "dgpo", "--delta", "none", "--band_upper_max=null")
+    assert args.policy_loss == "dgpo" and args.delta is None and args.band_upper_max is None
+    with pytest.raises(ConfigError, match="delta"):  # dgpo with the recipe's dual clip left on
+        _parse(RECIPE, "--policy_loss", "dgpo")
+
+
+def test_help_renders():
+    assert "--band_radius" in make_parser().format_help()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# accelerate configs
+# ---------------------------------------------------------------------------------------------------------------------
+
+ACCELERATE_EXPECTED = {
+    "single_gpu": ("NO", 1, None),
+    "multi_gpu": ("MULTI_GPU", 8, None),
+    "zero2": ("DEEPSPEED", 8, 2),
+    "zero3": ("DEEPSPEED", 8, 3),
+    "zero3_offload": ("DEEPSPEED", 8, 3),
+    "fsdp2": ("FSDP", 8, None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACCELERATE_EXPECTED))
+def test_accelerate_config_loads(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    path = ACCELERATE_CONFIGS / f"{name}.yaml"
+    config = load_config_from_file(str(path))  # accelerate's own loader: rejects unknown keys
+    distributed_type, num_processes, zero_stage = ACCELERATE_EXPECTED[name]
+    assert str(config.distributed_type).split(".")[-1] == distributed_type
+    assert config.num_processes == num_processes
+    assert str(config.mixed_precision).split(".")[-1] == "bf16"
+    assert config.use_cpu is False
+    if zero_stage is not None:
+        assert config.deepspeed_config["zero_stage"] == zero_stage
+        offload = "cpu" if name == "zero3_offload" else "none"
+        assert config.deepspeed_config["offload_optimizer_device"] == offload
+        assert config.deepspeed_config["offload_param_device"] == offload
+    if name == "fsdp2":
+        assert config.fsdp_config["fsdp_version"] == 2
+    assert _header(path).startswith("#"), "each accelerate config starts with a comment saying when to use it"
+
+
+def test_accelerate_configs_are_the_expected_set():
+    assert {path.stem for path in ACCELERATE_CONFIGS.glob("*.yaml")} == set(ACCELERATE_EXPECTED)
