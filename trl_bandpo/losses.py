@@ -185,7 +185,7 @@ def _boundary_weights(log_ratio, advantages, lower, upper, left_weight, right_we
 def gppo_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, lower: Bound, upper: Bound) -> torch.Tensor:
     """GPPO (Klear-Reasoner): the clip's forward value, but clipped tokens keep the boundary's weight
     (`1 + eps_high` right, `1 - eps_low` left) instead of 0."""
-    return _boundary_weights(log_ratio, advantages, lower, upper, _as_weight(lower), _as_weight(upper))
+    return ce_gppo_loss(log_ratio, advantages, lower, upper, beta1=1.0, beta2=1.0)
 
 
 def ce_gppo_loss(
