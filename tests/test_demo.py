@@ -1,0 +1,170 @@
+"""The offline demo (`trl_bandpo.demo`) at reduced size: files, figure, table, and numbers consistent with the log."""
+
+import json
+import math
+import re
+
+import pytest
+
+from trl_bandpo import demo
+
+SMALL = [
+    "--methods", "grpo,bandpo",
+    "--steps", "4",
+    "--max-operand", "10",
+    "--num-eval", "20",
+    "--eval-samples", "2",
+    "--hidden-size", "32",
+    "--warmup-steps", "20",
+    "--warmup-target", "0",
+    "--prompts-per-generation", "4",
+    "--num-generations", "4",
+    "--steps-per-generation", "2",
+    "--num-iterations", "2",
+    "--lr", "1e-2",
+    "--seed", "3",
+    "--quiet",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    import io
+    from contextlib import redirect_stdout
+
+    buffer = io.StringIO()
+    with redirect_stdout(buffer):
+        assert demo.main([*SMALL, "--output-dir", str(out)]) == 0
+    return out, buffer.getvalue()
+
+
+def _table(summary: str):
+    lines = [line for line in summary.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    assert set(lines[1].replace("|", "")) <= {"-"}
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    return header, {row[0]: dict(zip(header, row)) for row in rows}
+
+
+def test_files_and_figure(small_run):
+    from PIL import Image  # matplotlib (a dependency) brings Pillow
+    out, _ = small_run
+    for name in ("metrics.csv", "figure.png", "summary.md", "results.json", "warmstart/config.json"):
+        assert (out / name).is_file(), name
+    assert (out / "figure.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(out / "figure.png") as image:
+        image.verify()
+    with Image.open(out / "figure.png") as image:
+        width, height = image.size
+        assert width > 300 and height > 300
+        low, high = image.convert("L").getextrema()
+        assert low < high  # something was drawn
+
+
+def test_table_printed_and_complete(small_run):
+    out, printed = small_run
+    summary = (out / "summary.md").read_text()
+    assert summary.strip() in printed  # the summary is what the demo prints at the end
+    header, rows = _table(summary)
+    assert header[0] == "method" and "entropy final" in header and "held-out acc (greedy)" in header
+    assert list(rows) == ["warm start (no RL)", "GRPO", "BandPO"]
+    assert rows["BandPO"]["policy loss"] == "band" and rows["GRPO"]["policy loss"] == "clip"
+    for label in ("GRPO", "BandPO"):
+        for column in ("held-out acc (greedy)", "held-out acc (T=1)", "entropy final", "entropy mean", "clip rate"):
+            value = float(rows[label][column])
+            assert math.isfinite(value)
+        assert 0 <= float(rows[label]["held-out acc (greedy)"]) <= 1
+    # observations: one line per comparison, each answered from the numbers
+    observations = [line for line in summary.splitlines() if line.startswith("- ")]
+    assert any(line.startswith("- BandPO kept entropy higher than GRPO: ") for line in observations)
+    for line in observations:
+        assert re.search(r": (yes|no|n/a)\b", line), line
+
+
+def test_numbers_match_the_logged_metrics(small_run):
+    out, _ = small_run
+    metrics = demo.read_metrics_csv(out / "metrics.csv")
+    results = json.loads((out / "results.json").read_text())
+    _, table = _table((out / "summary.md").read_text())
+    assert set(metrics) == {"grpo", "bandpo"} == set(results["methods"])
+    for method, history in metrics.items():
+        row = results["methods"][method]
+        assert [int(entry["step"]) for entry in history] == [1, 2, 3, 4]
+        entropy = [entry["entropy"] for entry in history]
+        assert all(math.isfinite(x) and x >= 0 for x in entropy)
+        assert any(math.isfinite(entry["reward"]) for entry in history)
+        for entry in history:
+            for key in ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean"):
+                assert 0 <= entry[key] <= 1
+            low, high = entry["clip_ratio/low_mean"], entry["clip_ratio/high_mean"]
+            assert math.isclose(entry["clip_ratio/region_mean"], low + high, abs_tol=1e-9)
+        # the table and results.json are computed from exactly these logged values
+        assert row["entropy_final"] == entropy[-1]
+        assert math.isclose(row["entropy_mean"], sum(entropy) / len(entropy), rel_tol=1e-12)
+        assert table[row["method"]]["entropy final"] == f"{entropy[-1]:.3f}"
+        region = [entry["clip_ratio/region_mean"] for entry in history]
+        assert math.isclose(row["clip_rate_mean"], sum(region) / len(region), rel_tol=1e-12, abs_tol=1e-15)
+        tail, _, steps = demo.tail_share_of_upper_clipping(history)
+        assert row["tail_share_steps"] == steps
+        assert (row["tail_share"] is None and math.isnan(tail)) or math.isclose(row["tail_share"], tail)
+        columns = {"heldout_acc_greedy": "held-out acc (greedy)", "heldout_acc_sampled": "held-out acc (T=1)"}
+        for key, column in columns.items():
+            assert 0 <= row[key] <= 1
+            assert table[row["method"]][column] == f"{row[key]:.3f}"
+        if method == "bandpo":  # per-token Band bounds were logged; GRPO's are the constants 0.8 / 1.2
+            assert all(entry["bounds/upper_mean"] > 1 for entry in history)
+        else:
+            assert all(math.isclose(entry["bounds/upper_mean"], 1.2, rel_tol=1e-6) for entry in history)
+    # same seed, same data: the first generation batch (and so its reward) is identical across methods
+    first_reward = {m: next(e["reward"] for e in h if math.isfinite(e["reward"])) for m, h in metrics.items()}
+    assert first_reward["grpo"] == first_reward["bandpo"]
+
+
+def test_warm_start_is_cached(small_run):
+    out, _ = small_run
+    again = [*SMALL, "--output-dir", str(out)]
+    again[again.index("grpo,bandpo")] = "grpo"
+    again[again.index("--steps") + 1] = "2"
+    assert demo.main(again) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["warm_start"]["reused"] is True
+    assert list(results["methods"]) == ["grpo"]
+
+
+def test_method_settings_and_arguments():
+    assert demo.method_settings("clip_higher", 0.02)["epsilon_high"] == 0.28
+    band = demo.method_settings("bandpo", 0.03)
+    assert band["policy_loss"] == "band" and band["band_radius"] == 0.03 and band["band_upper_max"] == 10.0
+    dgpo = demo.method_settings("dgpo", 0.02)
+    assert (dgpo["dgpo_n"], dgpo["dgpo_m"], dgpo["epsilon"], dgpo["epsilon_high"]) == (1, 2.0, 0.2, 0.2)
+    assert demo.method_settings("relaxed_band", 0.05)["epsilon_high"] == 0.28
+    assert demo.method_settings("dcpo", 0.05)["epsilon"] == 0.16
+    assert demo.method_settings("aspo", 0.05)["policy_loss"] == "aspo"
+    with pytest.raises(ValueError, match="unknown method"):
+        demo.method_settings("ppo2", 0.05)
+    with pytest.raises(SystemExit):
+        demo.main(["--methods", "nope", "--quiet"])
+    with pytest.raises(SystemExit):
+        demo.main(["--steps", "0", "--quiet"])
+    train, held_out = demo.make_problems(10, 0, 20, seed=0)
+    assert len(train) == 80 and len(held_out) == 20
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}
+    assert demo.correctness_reward(["12", " 12", "13", "121"], ["12"] * 4) == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_observations_are_computed_not_asserted():
+    base = {"entropy_first": 1.0, "entropy_final": 0.5, "entropy_mean": 0.7, "entropy_end": 0.5, "entropy_end_se": 0.01,
+            "tail_share": 0.6, "tail_share_se": 0.01, "clip_rate_mean": 0.1, "clip_rate_mean_se": 0.001,
+            "heldout_acc_sampled": 0.5, "heldout_acc_sampled_se": 0.005}  # fmt: skip
+    rows = {
+        "grpo": {**base, "method": "GRPO"},
+        "bandpo": {**base, "method": "BandPO", "entropy_end": 0.3, "tail_share": 0.1, "heldout_acc_sampled": 0.505,
+                   "tail_share_se": float("nan")},  # fmt: skip
+    }
+    lines = demo.observations(rows, "grpo", {"sampled": 0.4, "sampled_se": 0.005})
+    text = "\n".join(lines)
+    assert "BandPO kept entropy higher than GRPO: no (0.300 vs 0.500" in text
+    assert "BandPO put a smaller share of its upper-side clipping on tail tokens (p < 0.2) than GRPO: yes (0.1" in text
+    assert "BandPO reached a higher held-out accuracy (T=1) than GRPO: yes, within noise (0.505 vs 0.500)" in text
+    assert "GRPO improved held-out accuracy (T=1) over the warm start: yes (0.400 -> 0.500)" in text
