@@ -124,6 +124,21 @@ def _kl_lower_root_log_ratio(s, one_minus_s, radius, tiny, t_min, NEWTON_STEPS: 
 
 
 @triton.jit
+def _kl_band_bounds(logp, radius, tiny, t_min, NEWTON_STEPS: tl.constexpr):
+    """Uncapped KL Band bounds `(lower, upper)` for `logp <= 0` (shared with `band_surrogate.py`).
+
+    Both roots are "lower roots" by the symmetry (p, q) -> (1-p, 1-q) of the binary KL (SPEC §1)."""
+    p = _exp(logp)
+    one_minus_p = -_expm1(logp)
+    t_low = _kl_lower_root_log_ratio(p, one_minus_p, radius, tiny, t_min, NEWTON_STEPS)
+    t_high = _kl_lower_root_log_ratio(one_minus_p, p, radius, tiny, t_min, NEWTON_STEPS)
+    lower = _exp(t_low)
+    # upper = q / p with 1 - q = (1 - p) e^t_high, without the cancellation of 1 - (1 - q) when q is small
+    upper = _exp(t_high) - _expm1(t_high) * _exp(-logp)
+    return lower, upper
+
+
+@triton.jit
 def _band_kl_kernel(
     logp_ptr,
     lower_ptr,
@@ -151,14 +166,7 @@ def _band_kl_kernel(
 
     is_nan = x != x
     logp = tl.minimum(x, 0.0)  # positive log-probabilities count as p = 1
-    p = _exp(logp)
-    one_minus_p = -_expm1(logp)
-    t_low = _kl_lower_root_log_ratio(p, one_minus_p, radius, tiny, t_min, NEWTON_STEPS)
-    t_high = _kl_lower_root_log_ratio(one_minus_p, p, radius, tiny, t_min, NEWTON_STEPS)
-    lower = _exp(t_low)
-    # upper = q / p with 1 - q = (1 - p) e^t_high, without the cancellation of 1 - (1 - q) when q is small
-    upper = _exp(t_high) - _expm1(t_high) * _exp(-logp)
-
+    lower, upper = _kl_band_bounds(logp, radius, tiny, t_min, NEWTON_STEPS)
     upper = tl.minimum(upper, tl.full([BLOCK_SIZE], cap_arg, COMPUTE_DTYPE))
     if HAS_RELAX:
         lower = tl.minimum(lower, tl.full([BLOCK_SIZE], relax_lower_arg, COMPUTE_DTYPE))
