@@ -20,14 +20,13 @@ float32); at exact ties (`r == upper == delta`, products that round equal, infin
 
 import math
 import os
-import subprocess
 import sys
 import traceback
 
 import pytest
 import torch
+from interpreter_subprocess import run_interpreter_subprocess
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F32, F64, BF16, F16 = torch.float32, torch.float64, torch.bfloat16, torch.float16
 # Loss: |got - want| / max(|A|, |want|), by loss dtype. Gradient: |got - want| / |g A r|, by logps' dtype. Both
 # scales are floored at the dtype's smallest normal number (fp16 results underflow to subnormals and 0). Half
@@ -311,23 +310,12 @@ def kernel_run(request, cases, tmp_path_factory):
     if request.param == "cuda":
         return run_kernel(cases, "cuda"), {}
     pytest.importorskip("triton")
-    tmp = tmp_path_factory.mktemp("interpreter")
-    cases_path, out_path = str(tmp / "cases.pt"), str(tmp / "out.pt")
-    torch.save(cases, cases_path)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), cases_path, out_path],
-        env=env,
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    result = run_interpreter_subprocess(
+        __file__,
+        cases,
+        str(tmp_path_factory.mktemp("interpreter")),
+        while_running=lambda: request.getfixturevalue("reference"),  # computed while the interpreter runs
     )
-    request.getfixturevalue("reference")  # computed while the interpreter runs
-    log, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, f"interpreter subprocess failed:\n{log}"
-    result = torch.load(out_path)
     return result["outputs"], result["checks"]
 
 

@@ -13,14 +13,13 @@ targets: `2e-6 * max(1, r)` for float32 compute, `1e-6 * max(1, r)` for float64)
 
 import math
 import os
-import subprocess
 import sys
 import traceback
 
 import pytest
 import torch
+from interpreter_subprocess import run_interpreter_subprocess
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
 # (upper_max, relax) combinations; the authors trained with upper_max = 10, Relaxed Band uses (0.2, 0.28).
 CONFIGS = {"plain": (None, None), "cap": (10.0, None), "relax": (None, (0.2, 0.28)), "cap+relax": (10.0, (0.2, 0.28))}
@@ -208,23 +207,12 @@ def kernel_run(request, cases, tmp_path_factory):
     if request.param == "cuda":
         return "cuda", run_kernel(cases, "cuda"), {}
     pytest.importorskip("triton")
-    tmp = tmp_path_factory.mktemp("interpreter")
-    cases_path, out_path = str(tmp / "cases.pt"), str(tmp / "out.pt")
-    torch.save(cases, cases_path)
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), cases_path, out_path],
-        env=env,
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    result = run_interpreter_subprocess(
+        __file__,
+        cases,
+        str(tmp_path_factory.mktemp("interpreter")),
+        while_running=lambda: request.getfixturevalue("reference"),  # computed while the interpreter runs
     )
-    request.getfixturevalue("reference")  # computed while the interpreter runs
-    log, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, f"interpreter subprocess failed:\n{log}"
-    result = torch.load(out_path)
     return "cpu", result["outputs"], result["checks"]
 
 
