@@ -321,6 +321,14 @@ class BandPOTrainer(PolicyLossTrainer):
     config_class = BandPOConfig
     _tag_names = ["trl", "grpo", "trl-bandpo", "bandpo"]
     _name = "BandPO"
+    _paper = {  # for the model card TRL writes on save
+        "title": "BandPO: Bridging Trust Regions and Ratio Clipping via Probability-Aware Bounds for LLM "
+        "Reinforcement Learning",
+        "id": "2603.04918",
+        "citation": "@article{li2026bandpo,\n  title   = {{BandPO: Bridging Trust Regions and Ratio Clipping via "
+        "Probability-Aware Bounds for LLM Reinforcement Learning}},\n  author  = {Li, Yuan and others},\n  "
+        "year    = 2026,\n  eprint  = {arXiv:2603.04918}\n}",
+    }
 
 
 class DGPOTrainer(PolicyLossTrainer):
@@ -332,3 +340,11 @@ class DGPOTrainer(PolicyLossTrainer):
     config_class = DGPOConfig
     _tag_names = ["trl", "grpo", "trl-bandpo", "dgpo"]
     _name = "DGPO"
+    _paper = {  # for the model card TRL writes on save
+        "title": "From log pi to pi: Taming Divergence in Soft Clipping via Bilateral Decoupled Decay of Probability "
+        "Gradient Weight",
+        "id": "2603.14389",
+        "citation": "@article{fu2026dgpo,\n  title   = {{From log pi to pi: Taming Divergence in Soft Clipping via "
+        "Bilateral Decoupled Decay of Probability Gradient Weight}},\n  author  = {Fu, Xiaoliang and Lin, Jiaye and "
+        "others},\n  year    = 2026,\n  eprint  = {arXiv:2603.14389}\n}",
+    }
