@@ -191,11 +191,19 @@ def test_count_metrics_are_not_means_of_means(tiny_model_dir, tmp_path):
         (dict(policy_loss="dgpo", loss_type="sapo"), "loss_type"),
         (dict(policy_loss="dgpo", delta=10.0), "delta"),
         (dict(epsilon=1.5), "epsilon"),
+        (dict(policy_loss="band", band_solver="triton", band_divergence="tv"), "band_solver"),
     ],
 )
 def test_config_rejects_bad_values_at_construction(tmp_path, kwargs, field):
     with pytest.raises(ValueError, match=field):
         PolicyLossConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where no CUDA device exists")
+def test_config_rejects_triton_solver_without_cuda(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="band_solver='triton' cannot run here"):
+        BandPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", band_solver="triton")
 
 
 def test_config_defaults_and_relax(tmp_path):

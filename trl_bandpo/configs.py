@@ -93,6 +93,8 @@ class PolicyLossConfig(GRPOConfig):
             validate_band_args(self.band_radius, self.band_divergence, self.band_solver, self.band_upper_max)
         except ValueError as err:
             raise ValueError(f"Invalid Band configuration (band_* fields): {err}") from None
+        if self.band_solver == "triton" and self.policy_loss in ("band", "relaxed_band"):
+            self._check_triton_solver()
         epsilon_high = self.epsilon_high if self.epsilon_high is not None else self.epsilon
         if not (0 <= self.epsilon < 1 and 0 <= epsilon_high < math.inf):
             raise ValueError(
@@ -117,6 +119,23 @@ class PolicyLossConfig(GRPOConfig):
                 f"delta (dual clip) applies to the clipped losses only; policy_loss={self.policy_loss!r} sets its "
                 f"own weights outside the clip range. Set delta=None."
             )
+
+
+    def _check_triton_solver(self):
+        """`band_solver="triton"` fails here rather than at the first training step where it cannot run."""
+        import torch
+
+        from .kernels import triton_unavailable_reason
+
+        if self.band_divergence != "kl":
+            raise ValueError(
+                f"band_solver='triton' supports band_divergence='kl' only, got {self.band_divergence!r}; "
+                "use band_solver='auto' or 'torch'."
+            )
+        device = "cpu" if self.use_cpu or not torch.cuda.is_available() else "cuda"
+        reason = triton_unavailable_reason(torch.empty(0, device=device))
+        if reason is not None:
+            raise ValueError(f"band_solver='triton' cannot run here: {reason}. Use band_solver='auto' or 'torch'.")
 
 
 @dataclass
