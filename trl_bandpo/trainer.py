@@ -47,7 +47,7 @@ class PolicyLossTrainer(GRPOTrainer):
         if not isinstance(args, PolicyLossConfig):
             raise TypeError(
                 f"{type(self).__name__} needs a PolicyLossConfig (BandPOConfig or DGPOConfig), got "
-                f"{type(args).__name__}; build one with the same fields, e.g. BandPOConfig(**grpo_args.to_dict())."
+                f"{type(args).__name__}; use BandPOConfig or DGPOConfig in place of GRPOConfig (they take its fields)."
             )
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self.policy_loss = args.policy_loss
@@ -58,17 +58,14 @@ class PolicyLossTrainer(GRPOTrainer):
 
     def _bound_kwargs(self) -> dict:
         args = self.args
-        kwargs = {"epsilon_low": self.epsilon_low, "epsilon_high": self.epsilon_high}
-        if self.policy_loss in ("band", "relaxed_band"):
-            kwargs.update(
-                radius=args.band_radius,
-                divergence=args.band_divergence,
-                upper_max=args.band_upper_max,
-                solver=args.band_solver,
-            )
-            if self.policy_loss == "band":
-                del kwargs["epsilon_low"], kwargs["epsilon_high"]
-        return kwargs
+        clip = {"epsilon_low": self.epsilon_low, "epsilon_high": self.epsilon_high}
+        band = {
+            "radius": args.band_radius,
+            "divergence": args.band_divergence,
+            "upper_max": args.band_upper_max,
+            "solver": args.band_solver,
+        }
+        return {"band": band, "relaxed_band": {**band, **clip}}.get(self.policy_loss, clip)
 
     def _loss_kwargs(self) -> dict:
         args = self.args
