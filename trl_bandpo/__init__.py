@@ -1,10 +1,14 @@
 """BandPO and DGPO for HuggingFace TRL.
 
-The math (`band_bounds`, `policy_loss`) imports only torch; the trainers and configs import TRL on first use.
+Layers, imported one way (docs/architecture.md): the math (`band`, `losses`, `metrics`) imports only torch; the
+`kernels` import the math (Triton only on first use) and register the Triton solver with `band_bounds`; the
+configs and trainers (imported on first use, they import TRL) build on both; the applications (`cli`, `demo`,
+`evaluation`, `rewards`, `data`) come last.
 """
 
 from typing import TYPE_CHECKING
 
+from . import kernels  # noqa: F401  (registers the Triton KL solver with band_bounds)
 from .band import DIVERGENCES, band_bounds
 from .losses import POLICY_LOSSES, policy_bounds, policy_loss
 
@@ -22,8 +26,8 @@ _LAZY = {
 __all__ = ["DIVERGENCES", "POLICY_LOSSES", "band_bounds", "policy_bounds", "policy_loss", *_LAZY]
 
 if TYPE_CHECKING:
-    from .configs import BandPOConfig, DGPOConfig, PolicyLossConfig
-    from .trainer import BandPOTrainer, DGPOTrainer, PolicyLossTrainer
+    from .configs import BandPOConfig, DGPOConfig, PolicyLossConfig  # noqa: F401
+    from .trainer import BandPOTrainer, DGPOTrainer, PolicyLossTrainer  # noqa: F401
 
 
 def __getattr__(name):

@@ -3,7 +3,7 @@
 BandPO (https://arxiv.org/abs/2603.04918) replaces PPO's fixed clip interval `[1 - eps_low, 1 + eps_high]` by the
 interval of ratios `r = pi / pi_old` that one token can move to while the whole distribution stays inside
 `D_f(pi_old || pi) <= delta`. With the rest of the mass rescaled uniformly (the worst case), the constraint for a
-token with old probability `p` becomes one scalar equation in `r` (SPEC §1):
+token with old probability `p` becomes one scalar equation in `r` (docs/band-operator.md, "The scalar constraint"):
 
     g_f(p, r) = p * f(r) + (1 - p) * f(c(r)) = delta,     c(r) = (1 - r * p) / (1 - p)
 
@@ -11,21 +11,40 @@ token with old probability `p` becomes one scalar equation in `r` (SPEC §1):
 simplex limit, the bound saturates at `0` or `1/p`.
 
 Solvers in this module (all vectorised, none synchronises with the host):
-- "kl": safeguarded Newton in log space, exact to float64 precision in `_KL_NEWTON_STEPS` steps (see
+- "kl": safeguarded Newton in log space, exact to float64 precision in `KL_NEWTON_STEPS[dtype]` steps (see
   `_solve_binary_kl_lower`);
 - "tv", "chi2": closed forms;
 - every other generator ("reverse_kl", "hellinger", "js" or a user callable): fixed-count bracketed bisection.
-The Triton kernel in `trl_bandpo.kernels` implements the KL solver for CUDA tensors behind `solver="auto"`.
+
+Accelerated solvers (the Triton kernel) live in `trl_bandpo.kernels`, which imports this module and registers
+itself with `register_kernel_solver`; this module never imports the kernels. `band_bounds(..., solver="auto")`
+uses a registered kernel wherever it can run and the torch solvers elsewhere.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DIVERGENCES", "GENERATORS", "band_bounds", "validate_band_args"]
+__all__ = [
+    "DIVERGENCES",
+    "GENERATORS",
+    "KL_NEWTON_STEPS",
+    "SOLVERS",
+    "KernelSolver",
+    "band_bounds",
+    "check_divergence",
+    "check_radius",
+    "check_relax",
+    "check_solver",
+    "check_upper_max",
+    "register_kernel_solver",
+    "solver_unavailable_reason",
+    "validate_band_args",
+]
 
 
 def _kl_generator(u: torch.Tensor) -> torch.Tensor:
@@ -63,15 +82,121 @@ GENERATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "js": _js_generator,
 }
 DIVERGENCES = tuple(GENERATORS)
+#: Values of `band_bounds(..., solver=...)`: "auto" picks a registered kernel where it can run, else "torch".
 SOLVERS = ("auto", "torch", "triton")
 
-# Newton steps of the KL solver. From its start point the relative error after 3 steps was at most 1e-7 (at
-# delta = 1e-3; 1e-8 at 0.05) and at float64 round-off after 4, over p in [1e-12, 1 - 1e-12] and delta in
-# [1e-3, 5]: 3 steps meet the float32 target, 4 give float64 full precision. tests/test_band.py checks both.
-_KL_NEWTON_STEPS = 4
-_KL_NEWTON_STEPS_FLOAT32 = 3
+# Newton steps of the KL solver, per compute dtype (the Triton kernels use the same counts). From its start point
+# the relative error after 3 steps was at most 1e-7 (at delta = 1e-3; 1e-8 at 0.05) and at float64 round-off after
+# 4, over p in [1e-12, 1 - 1e-12] and delta in [1e-3, 5]: 3 steps meet the float32 accuracy target, 4 give float64
+# full precision (docs/band-operator.md, "Solver and error bound"). tests/test_band.py checks both.
+KL_NEWTON_STEPS = {torch.float32: 3, torch.float64: 4}
 # Bisection steps of the generic solver: 2^-60 of the bracket, far below float32 resolution and at the float64 target.
 _BISECTION_STEPS = 60
+
+
+def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the bounds are solved and returned in: float64 for float64 input, float32 for every other dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Accelerated solvers, registered by `trl_bandpo.kernels` (dependency inversion: this module never imports them)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KernelSolver:
+    """An accelerated Band solver: which divergences it solves, where it can run, and the solve itself.
+
+    Attributes:
+        divergences: divergence names it solves (e.g. `("kl",)`).
+        unavailable_reason: `(tensor) -> str | None`, why it cannot run on that tensor's device (`None`: it can).
+        bounds: `(old_logps, radius, *, upper_max, relax) -> (lower, upper)` with the semantics of `band_bounds`.
+    """
+
+    divergences: tuple[str, ...]
+    unavailable_reason: Callable[[torch.Tensor], str | None]
+    bounds: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+_KERNEL_SOLVERS: dict[str, KernelSolver] = {}
+
+
+def register_kernel_solver(name: str, solver: KernelSolver) -> None:
+    """Make `solver` available as `band_bounds(..., solver=name)` and to `solver="auto"` (called by the kernels)."""
+    if name not in SOLVERS or name in ("auto", "torch"):
+        raise ValueError(f"kernel solver name must be one of {[s for s in SOLVERS if s not in ('auto', 'torch')]}")
+    _KERNEL_SOLVERS[name] = solver
+
+
+def solver_unavailable_reason(solver: str, divergence: str | Callable, device: torch.device | str) -> str | None:
+    """Why `band_bounds(..., solver=solver, divergence=divergence)` cannot run on `device` (`None` if it can).
+
+    `"auto"` and `"torch"` always run; a kernel solver needs the divergence it implements and a device it supports.
+    """
+    if solver in ("auto", "torch"):
+        return None
+    kernel = _KERNEL_SOLVERS.get(solver)
+    if kernel is None:
+        return f"no {solver!r} solver is registered (import trl_bandpo.kernels)"
+    if not isinstance(divergence, str) or divergence not in kernel.divergences:
+        return f"solver={solver!r} supports divergence in {list(kernel.divergences)} only, got {divergence!r}"
+    return kernel.unavailable_reason(torch.empty(0, device=device))
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_radius(value, label: str = "radius") -> float:
+    """`value` as a float if it is a finite number > 0, else a `ValueError` naming `label`."""
+    if not _is_real(value) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{label} must be a finite number > 0 (the trust-region size delta), got {value!r}.")
+    return float(value)
+
+
+def check_divergence(value, label: str = "divergence"):
+    """`value` if it names a divergence of `DIVERGENCES` or is a generator callable with `f(1) = 0`."""
+    if callable(value):
+        _check_generator(value)
+        return value
+    if not isinstance(value, str) or value not in GENERATORS:
+        raise ValueError(
+            f"{label} must be one of {list(DIVERGENCES)} or a convex callable f with f(1) = 0, got {value!r}."
+        )
+    return value
+
+
+def check_solver(value, label: str = "solver") -> str:
+    """`value` if it is one of `SOLVERS`."""
+    if not isinstance(value, str) or value not in SOLVERS:
+        raise ValueError(f"{label} must be one of {list(SOLVERS)}, got {value!r}.")
+    return value
+
+
+def check_upper_max(value, label: str = "upper_max") -> float | None:
+    """`None` (no cap; the strings "none"/"null" from YAML or a command line count as None) or a number >= 1."""
+    if isinstance(value, str) and value.strip().lower() in ("none", "null"):
+        return None
+    if value is not None and (not _is_real(value) or not value >= 1):
+        raise ValueError(f"{label} must be None (no cap) or a number >= 1, got {value!r}.")
+    return None if value is None else float(value)
+
+
+def check_relax(value, label: str = "relax") -> tuple[float, float] | None:
+    """`None` or a pair `(eps_low, eps_high)` with `0 <= eps_low < 1` and `0 <= eps_high < inf`."""
+    if value is None:
+        return None
+    ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_real(v) for v in value)
+    if ok:
+        eps_low, eps_high = float(value[0]), float(value[1])
+        ok = 0 <= eps_low < 1 and 0 <= eps_high < math.inf
+    if not ok:
+        raise ValueError(
+            f"{label} must be None or a pair (eps_low, eps_high) with 0 <= eps_low < 1 and 0 <= eps_high < inf, "
+            f"got {value!r}."
+        )
+    return eps_low, eps_high
 
 
 def validate_band_args(
@@ -82,33 +207,14 @@ def validate_band_args(
     relax: tuple[float, float] | None = None,
 ) -> None:
     """Raise `ValueError` naming the argument if any Band argument is outside what is allowed."""
-    if isinstance(radius, bool) or not isinstance(radius, (int, float)) or not math.isfinite(radius) or radius <= 0:
-        raise ValueError(f"radius must be a finite number > 0 (the trust-region size delta), got {radius!r}.")
-    if callable(divergence):
-        _check_generator(divergence)
-    elif divergence not in GENERATORS:
-        raise ValueError(
-            f"divergence must be one of {list(DIVERGENCES)} or a convex callable f with f(1) = 0, got {divergence!r}."
-        )
-    if solver not in SOLVERS:
-        raise ValueError(f"solver must be one of {list(SOLVERS)}, got {solver!r}.")
-    if upper_max is not None and (
-        isinstance(upper_max, bool) or not isinstance(upper_max, (int, float)) or not upper_max >= 1
-    ):
-        raise ValueError(f"upper_max must be None (no cap) or a number >= 1, got {upper_max!r}.")
-    if relax is not None:
-        ok = isinstance(relax, (tuple, list)) and len(relax) == 2
-        if ok:
-            try:
-                eps_low, eps_high = float(relax[0]), float(relax[1])
-                ok = 0 <= eps_low < 1 and 0 <= eps_high < math.inf
-            except (TypeError, ValueError):
-                ok = False
-        if not ok:
-            raise ValueError(
-                f"relax must be None or a pair (eps_low, eps_high) with 0 <= eps_low < 1 and 0 <= eps_high < inf, "
-                f"got {relax!r}."
-            )
+    check_radius(radius)
+    check_divergence(divergence)
+    check_solver(solver)
+    if upper_max is not None:  # the strings "none"/"null" are for configs, not for this API
+        if isinstance(upper_max, str):
+            raise ValueError(f"upper_max must be None (no cap) or a number >= 1, got {upper_max!r}.")
+        check_upper_max(upper_max)
+    check_relax(relax)
 
 
 def _check_generator(f: Callable) -> None:
@@ -154,20 +260,16 @@ def band_bounds(
     if not torch.is_tensor(old_logps) or not old_logps.is_floating_point():
         raise ValueError(f"old_logps must be a floating-point tensor, got {type(old_logps).__name__}.")
     radius = float(radius)
-    compute_dtype = torch.float64 if old_logps.dtype == torch.float64 else torch.float32
+    compute_dtype = compute_dtype_for(old_logps.dtype)
 
-    if solver != "torch" and divergence == "kl":
-        from .kernels import band_bounds_kl_triton, triton_unavailable_reason
-
-        reason = triton_unavailable_reason(old_logps)
+    if solver != "torch":
+        kernel_name = "triton" if solver == "auto" else solver
+        kernel = _KERNEL_SOLVERS.get(kernel_name)
+        reason = solver_unavailable_reason(kernel_name, divergence, old_logps.device)
         if reason is None:
-            return band_bounds_kl_triton(old_logps, radius, upper_max=upper_max, relax=relax)
-        if solver == "triton":
-            raise ValueError(f"solver='triton' cannot run here: {reason}. Use solver='torch' or 'auto'.")
-    elif solver == "triton":
-        raise ValueError(
-            f"solver='triton' supports divergence='kl' only, got divergence={divergence!r}; use 'auto' or 'torch'."
-        )
+            return kernel.bounds(old_logps, radius, upper_max=upper_max, relax=relax)
+        if solver != "auto":
+            raise ValueError(f"solver={solver!r} cannot run here: {reason}. Use solver='torch' or 'auto'.")
 
     with torch.no_grad():
         logp = old_logps.detach().to(compute_dtype).clamp(max=0.0)  # NaN stays NaN
@@ -219,7 +321,8 @@ def _kl_bounds(logp: torch.Tensor, radius: float):
 
 def _kl_bounds_flat(logp: torch.Tensor, radius: float):
     """KL bounds for 1-D `logp`. Binary KL is symmetric under (p, q) -> (1-p, 1-q), so both roots are lower roots
-    (SPEC §1): `lower = exp(t(p))` and `upper = (1 - (1-p) exp(t(1-p))) / p`, `t(s)` from `_solve_binary_kl_lower`."""
+    (docs/band-operator.md, "Both roots are lower roots"): `lower = exp(t(p))` and
+    `upper = (1 - (1-p) exp(t(1-p))) / p`, `t(s)` from `_solve_binary_kl_lower`."""
     p = torch.exp(logp)
     one_minus_p = torch.expm1(logp).neg_()
     # Both sides in one batch: half the kernel launches of two separate solves.
@@ -252,7 +355,7 @@ def _solve_binary_kl_lower(s: torch.Tensor, one_minus_s: torch.Tensor, radius: f
     t_ceil = torch.tensor(-radius, dtype=s.dtype, device=s.device)
     t = (2 * radius * one_minus_s / s).sqrt_().neg_().add_(1).clamp_(min=tiny).log_()
     t = torch.clamp(t, t_floor, t_ceil)
-    steps = _KL_NEWTON_STEPS if s.dtype == torch.float64 else _KL_NEWTON_STEPS_FLOAT32
+    steps = KL_NEWTON_STEPS[s.dtype]
     for _ in range(steps):  # fixed count: no host synchronisation
         u = torch.expm1(t).mul_(s)
         minus_h = torch.addcmul(s * t, one_minus_s, (u * neg_inv_one_minus_s).log1p_()).add_(radius)
@@ -270,7 +373,8 @@ def _generic_bounds(logp: torch.Tensor, radius: float, f: Callable[[torch.Tensor
     p = torch.exp(logp)
     one_minus_p = -torch.expm1(logp)
 
-    # At p = 1 the second term of g is (1 - r) * lim_{u->inf} f(u)/u, not 0 (e.g. KL: lower -> e^-delta, SPEC §1);
+    # At p = 1 the second term of g is (1 - r) * lim_{u->inf} f(u)/u, not 0 (e.g. KL: lower -> e^-delta,
+    # BandPO Appendix 9.4);
     # flooring 1 - p at `tiny` evaluates that limit instead of 0 * f(0/0).
     one_minus_p = one_minus_p.clamp(min=tiny)
 

@@ -1,34 +1,34 @@
-"""Triton kernels. Importing this package never requires Triton; the kernels load lazily on first use.
+"""Triton kernels for the Band operator. Importing this package never requires Triton: kernels load on first use.
 
-The kernels run on CUDA tensors. With `TRITON_INTERPRET=1` in the environment (before the first kernel use), they
-also run on CPU tensors through Triton's interpreter (slow: for tests), and `band_bounds(..., solver="auto")` then
-picks them on CPU too.
+- `band_kl.py`: the KL Band bounds (`band_bounds(..., solver="triton")`), registered here with
+  `trl_bandpo.band.register_kernel_solver`, so `band_bounds(..., solver="auto")` uses it wherever it can run.
+- `band_surrogate.py`: the whole Band-clipped per-token loss and its gradient in one pass.
+- `runtime.py`: where kernels can run (CUDA, or CPU under `TRITON_INTERPRET=1`).
 """
 
 from __future__ import annotations
 
-import os
+from ..band import KernelSolver, register_kernel_solver
+from .runtime import interpreter_enabled, triton_unavailable_reason
 
-import torch
-
-
-def _interpreter_requested() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on", "y")
-
-
-def triton_unavailable_reason(tensor: torch.Tensor) -> str | None:
-    """Why the Triton kernels cannot run on `tensor` (`None` if they can)."""
-    if not tensor.is_cuda and not _interpreter_requested():
-        return f"the input is on {tensor.device.type}, the Triton kernel needs a CUDA tensor"
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "Triton is not installed (pip install 'trl-bandpo[triton]')"
-    return None
+__all__ = ["band_bounds_kl_triton", "band_clipped_surrogate", "interpreter_enabled", "triton_unavailable_reason"]
 
 
 def band_bounds_kl_triton(old_logps, radius, *, upper_max=None, relax=None):
     """KL Band bounds computed by the fused Triton kernel (see `band_kl.py`)."""
-    from .band_kl import band_bounds_kl_triton as _impl
+    from .band_kl import band_bounds_kl_triton as launch
 
-    return _impl(old_logps, radius, upper_max=upper_max, relax=relax)
+    return launch(old_logps, radius, upper_max=upper_max, relax=relax)
+
+
+def band_clipped_surrogate(*args, **kwargs):
+    """The fused Band-clipped surrogate (see `band_surrogate.band_clipped_surrogate`)."""
+    from .band_surrogate import band_clipped_surrogate as fused
+
+    return fused(*args, **kwargs)
+
+
+register_kernel_solver(
+    "triton",
+    KernelSolver(divergences=("kl",), unavailable_reason=triton_unavailable_reason, bounds=band_bounds_kl_triton),
+)

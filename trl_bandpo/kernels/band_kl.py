@@ -1,8 +1,9 @@
 """Fused Triton kernel for the KL Band bounds (`band_bounds(..., divergence="kl")`).
 
 One program reads a block of `old_logps` once and writes `lower` and `upper`: both roots of the binary-KL equation
-(SPEC §1) by the algorithm of the torch solver in `trl_bandpo.band` (`_kl_bounds` / `_solve_binary_kl_lower`):
-safeguarded Newton in log space from the chi-square start, 3 steps in float32 and 4 in float64, both roots as
+(docs/band-operator.md) by the algorithm of the torch solver in `trl_bandpo.band` (`_kl_bounds`,
+`_solve_binary_kl_lower`):
+safeguarded Newton in log space from the chi-square start, `KL_NEWTON_STEPS[dtype]` steps, both roots as
 "lower roots" via the symmetry (p, q) -> (1-p, 1-q), then the `upper_max` cap and the `relax` union.
 fp16 / bf16 / fp32 input is solved in fp32 and written as fp32; fp64 input is solved and written in fp64.
 
@@ -18,31 +19,19 @@ use up half of the float32 accuracy target at p = 1e-8).
 """
 
 import math
-import os
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from ..band import validate_band_args
+from ..band import KL_NEWTON_STEPS, compute_dtype_for, validate_band_args
+from .runtime import interpreter_enabled
 
 __all__ = ["band_bounds_kl_triton"]
 
-# Newton steps, as in the torch solver (trl_bandpo.band._KL_NEWTON_STEPS{,_FLOAT32}).
-_NEWTON_STEPS_FP32 = 3
-_NEWTON_STEPS_FP64 = 4
-
-
-def _interpreting() -> bool:
-    """Whether `triton.jit` builds interpreted kernels in this process (decided when this module is imported)."""
-    knobs = getattr(triton, "knobs", None)
-    if knobs is not None and hasattr(knobs, "runtime"):
-        return bool(knobs.runtime.interpret)
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on", "y")
-
-
-INTERPRETED = _interpreting()
+#: Whether `triton.jit` builds interpreted kernels in this process (decided when this module is imported).
+INTERPRETED = interpreter_enabled()
 
 if INTERPRETED:
 
@@ -127,7 +116,7 @@ def _kl_lower_root_log_ratio(s, one_minus_s, radius, tiny, t_min, NEWTON_STEPS: 
 def _kl_band_bounds(logp, radius, tiny, t_min, NEWTON_STEPS: tl.constexpr):
     """Uncapped KL Band bounds `(lower, upper)` for `logp <= 0` (shared with `band_surrogate.py`).
 
-    Both roots are "lower roots" by the symmetry (p, q) -> (1-p, 1-q) of the binary KL (SPEC §1)."""
+    Both roots are "lower roots" by the symmetry (p, q) -> (1-p, 1-q) of the binary KL (docs/band-operator.md)."""
     p = _exp(logp)
     one_minus_p = -_expm1(logp)
     t_low = _kl_lower_root_log_ratio(p, one_minus_p, radius, tiny, t_min, NEWTON_STEPS)
@@ -199,7 +188,7 @@ def _band_kl_launch(
         )
     if old_logps.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         old_logps = old_logps.float()
-    compute_dtype = torch.float64 if old_logps.dtype == torch.float64 else torch.float32
+    compute_dtype = compute_dtype_for(old_logps.dtype)
     x = old_logps.detach().reshape(-1).contiguous()
     lower = torch.empty(old_logps.shape, dtype=compute_dtype, device=old_logps.device)
     upper = torch.empty(old_logps.shape, dtype=compute_dtype, device=old_logps.device)
@@ -231,7 +220,7 @@ def _band_kl_launch(
             TINY=finfo.tiny,
             T_MIN=2 * math.log(finfo.tiny),
             HAS_RELAX=has_relax,
-            NEWTON_STEPS=_NEWTON_STEPS_FP64 if compute_dtype == torch.float64 else _NEWTON_STEPS_FP32,
+            NEWTON_STEPS=KL_NEWTON_STEPS[compute_dtype],
             BLOCK_SIZE=block_size,
             num_warps=num_warps or default_warps,
         )
@@ -251,7 +240,7 @@ def _band_bounds_kl_op(
 
 @_band_bounds_kl_op.register_fake
 def _(old_logps, radius, upper_max, relax_low, relax_high):
-    dtype = torch.float64 if old_logps.dtype == torch.float64 else torch.float32
+    dtype = compute_dtype_for(old_logps.dtype)
     return old_logps.new_empty(old_logps.shape, dtype=dtype), old_logps.new_empty(old_logps.shape, dtype=dtype)
 
 

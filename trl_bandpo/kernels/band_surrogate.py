@@ -20,7 +20,8 @@ when `logps` requires it). `old_logps` and `advantages` get no gradient (as in `
 detached; advantages requiring grad are refused).
 
 Precision and dtypes. The kernel computes in float32 for fp16 / bf16 / fp32 inputs, in float64 when the loss dtype
-is float64 (then also the bounds, where `band_bounds` would solve them in float32 for float32 `old_logps`). The loss is returned in the dtype `clipped_surrogate_loss` returns for the same inputs,
+is float64 (then also the bounds, where `band_bounds` would solve them in float32 for float32 `old_logps`).
+The loss is returned in the dtype `clipped_surrogate_loss` returns for the same inputs,
 `promote_types(promote_types(logps, old_logps), advantages)` (bf16 logps with fp32 advantages: fp32; all bf16:
 bf16), rounded once from the float32 result; the gradient of `logps` has `logps`' dtype. For fp32 and fp64 inputs
 the kernel thus matches `band_bounds` + `clipped_surrogate_loss` to rounding (the bounds agree with the torch solver
@@ -43,8 +44,9 @@ from typing import Optional
 
 import torch
 
-from ..band import band_bounds, validate_band_args
+from ..band import KL_NEWTON_STEPS, band_bounds, validate_band_args
 from ..losses import clipped_surrogate_loss
+from .runtime import triton_unavailable_reason
 
 __all__ = ["band_clipped_surrogate", "band_clipped_surrogate_triton", "surrogate_dtypes"]
 
@@ -258,7 +260,7 @@ def _band_surrogate_launch(
             HAS_DELTA=delta is not None,
             ADV_PER_ROW=per_row,
             WRITE_GRAD=need_grad,
-            NEWTON_STEPS=4 if compute_dtype == torch.float64 else 3,  # as band_kl / the torch solver
+            NEWTON_STEPS=KL_NEWTON_STEPS[compute_dtype],
             BLOCK_SIZE=block_size,
             BF16_RTNE=INTERPRETED and out_dtype == torch.bfloat16,
             num_warps=num_warps or default_warps,
@@ -382,8 +384,6 @@ def band_clipped_surrogate(
     _validate_delta(delta)
     _check_inputs(logps, old_logps, advantages)
     if solver != "torch":
-        from . import triton_unavailable_reason
-
         reason = triton_unavailable_reason(logps)
         if reason is None and advantages.requires_grad:
             reason = "the advantages require grad, which the fused kernel does not compute"

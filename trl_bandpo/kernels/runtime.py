@@ -1,0 +1,39 @@
+"""Where the Triton kernels can run: the interpreter switch and the availability check, defined once.
+
+Kernels run on CUDA tensors. With `TRITON_INTERPRET=1` in the environment before Triton is imported they also run
+on CPU tensors through Triton's interpreter (slow: for tests).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+__all__ = ["interpreter_enabled", "triton_unavailable_reason"]
+
+_TRUE_STRINGS = ("1", "true", "yes", "on", "y")
+
+
+def interpreter_enabled() -> bool:
+    """Whether Triton kernels are interpreted on the CPU in this process.
+
+    Once Triton is imported it decides through its knobs (when it has them); before that (this check never imports
+    Triton itself, which takes seconds), or on versions without knobs, the environment variable decides.
+    """
+    knobs = getattr(sys.modules.get("triton"), "knobs", None)
+    if knobs is not None and hasattr(knobs, "runtime"):
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRUE_STRINGS
+
+
+def triton_unavailable_reason(tensor: torch.Tensor) -> str | None:
+    """Why the Triton kernels cannot run on `tensor` (`None` if they can)."""
+    if not tensor.is_cuda and not interpreter_enabled():
+        return f"the input is on {tensor.device.type}, the Triton kernel needs a CUDA tensor"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "Triton is not installed (install the repository with its `triton` extra: pip install -e '.[triton]')"
+    return None
