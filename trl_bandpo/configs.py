@@ -1,17 +1,26 @@
-"""Configurations of the BandPO and DGPO trainers: `GRPOConfig` plus the fields of our policy losses."""
+"""Configurations of the BandPO and DGPO trainers: `GRPOConfig` plus the fields of our policy losses.
+
+The config holds the fields; what each policy loss reads, and how each field is checked, comes from the loss
+registry (`trl_bandpo.losses`, docs/adding-a-policy-loss.md): this module has no per-loss tables.
+"""
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .band import DIVERGENCES, validate_band_args
-from .losses import POLICY_LOSSES, policy_loss_fn
+from .band import DIVERGENCES, SOLVERS
+from .losses import POLICY_LOSSES, policy_loss_fn, registered_policy_losses
 
 # TRL loss types whose per-token policy term is TRL's own (not a clipped ratio); they only combine with "clip".
 TRL_PER_TOKEN_LOSS_TYPES = ("cispo", "sapo", "vespo", "luspo")
+
+
+# No argparse `choices`: a loss registered at run time (docs/adding-a-policy-loss.md) is valid too; __post_init__
+# checks the name against the live registry.
+_POLICY_LOSS_HELP = f"Per-token policy loss: one of {list(POLICY_LOSSES)} or any registered later."
 
 
 @dataclass
@@ -56,15 +65,11 @@ class PolicyLossConfig(GRPOConfig):
 
     policy_loss: str = field(
         default="clip",
-        metadata={"help": f"Per-token policy loss, one of {list(POLICY_LOSSES)}.", "choices": list(POLICY_LOSSES)},
+        metadata={"help": _POLICY_LOSS_HELP},
     )
-    band_divergence: str = field(
-        default="kl", metadata={"help": "Band f-divergence.", "choices": list(DIVERGENCES)}
-    )
+    band_divergence: str = field(default="kl", metadata={"help": "Band f-divergence.", "choices": list(DIVERGENCES)})
     band_radius: float = field(default=0.05, metadata={"help": "Band trust-region radius delta."})
-    band_solver: str = field(
-        default="auto", metadata={"help": "Band bound solver.", "choices": ["auto", "torch", "triton"]}
-    )
+    band_solver: str = field(default="auto", metadata={"help": "Band bound solver.", "choices": list(SOLVERS)})
     band_upper_max: float | None = field(
         default=10.0, metadata={"help": "Cap on the Band upper bound (authors: 10); None for no cap."}
     )
@@ -78,64 +83,59 @@ class PolicyLossConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        policy_loss_fn(self.policy_loss)  # raises ValueError naming the allowed values
-        if self.band_relax and self.policy_loss == "band":
-            self.policy_loss = "relaxed_band"
+        spec = policy_loss_fn(self.policy_loss)  # raises ValueError naming the allowed values
+        if spec.switch is not None and getattr(self, spec.switch[0]) is True:
+            self.policy_loss = spec.switch[1]
+            spec = policy_loss_fn(self.policy_loss)
         if self.policy_loss != "clip" and self.loss_type in TRL_PER_TOKEN_LOSS_TYPES:
             raise ValueError(
                 f"policy_loss={self.policy_loss!r} cannot be combined with loss_type={self.loss_type!r}: that loss "
                 f"type has its own per-token policy term. Use policy_loss='clip' with it, or a loss_type among "
                 f"'grpo', 'bnpo', 'dr_grpo', 'dapo'."
             )
-        if self.band_upper_max is not None and isinstance(self.band_upper_max, str):  # YAML/CLI "None"
-            self.band_upper_max = None if self.band_upper_max.lower() in ("none", "null") else float(self.band_upper_max)
-        try:
-            validate_band_args(self.band_radius, self.band_divergence, self.band_solver, self.band_upper_max)
-        except ValueError as err:
-            raise ValueError(f"Invalid Band configuration (band_* fields): {err}") from None
-        if self.band_solver == "triton" and self.policy_loss in ("band", "relaxed_band"):
-            self._check_triton_solver()
-        epsilon_high = self.epsilon_high if self.epsilon_high is not None else self.epsilon
-        if not (0 <= self.epsilon < 1 and 0 <= epsilon_high < math.inf):
-            raise ValueError(
-                f"epsilon must be in [0, 1) and epsilon_high in [0, inf), got epsilon={self.epsilon!r}, "
-                f"epsilon_high={self.epsilon_high!r}."
-            )
-        if isinstance(self.dgpo_n, bool) or not float(self.dgpo_n).is_integer() or self.dgpo_n < 1:
-            raise ValueError(f"dgpo_n must be an integer >= 1, got {self.dgpo_n!r}.")
-        self.dgpo_n = int(self.dgpo_n)
-        if not (math.isfinite(self.dgpo_m) and self.dgpo_m >= 1):
-            raise ValueError(f"dgpo_m must be a finite number >= 1, got {self.dgpo_m!r}.")
-        for name in ("ce_gppo_beta1", "ce_gppo_beta2"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
-        for name in ("aspo_c_pos", "aspo_c_neg"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 1):
-                raise ValueError(f"{name} must be a finite number >= 1, got {value!r}.")
-        if self.delta is not None and not policy_loss_fn(self.policy_loss).clipped:
-            raise ValueError(
-                f"delta (dual clip) applies to the clipped losses only; policy_loss={self.policy_loss!r} sets its "
-                f"own weights outside the clip range. Set delta=None."
-            )
+        self._check_hyperparameters()
+        # Cross-field checks of the selected loss, where training will run (e.g. band_solver="triton").
+        if spec.check is not None:
+            bound_kwargs, loss_kwargs = spec.kwargs_from_config(self)
+            labels = {hp.name: hp.field for hp in spec.hyperparameters if hp.field is not None}
+            device = "cpu" if self.use_cpu or not _cuda_available() else "cuda"
+            spec.check({**bound_kwargs, **loss_kwargs}, labels, device)
+        # TRL settings GRPOTrainer would apply but the selected loss cannot honour: an error, not a silent no-op.
+        for name, reason in spec.incompatible.items():
+            default = _default(type(self), name)
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} cannot be used with policy_loss={self.policy_loss!r}: {reason}. "
+                    f"Set {name}={default!r}."
+                )
+
+    def _check_hyperparameters(self):
+        """Check (and normalise) every field the registered losses read, whichever loss is selected."""
+        for hp in _registry_hyperparameters():
+            value = getattr(self, hp.field)
+            if value is None and hp.fallback_field is not None:
+                continue  # TRL reads the fallback field (checked under its own name)
+            setattr(self, hp.field, hp.check(hp.field, value))
 
 
-    def _check_triton_solver(self):
-        """`band_solver="triton"` fails here rather than at the first training step where it cannot run."""
-        import torch
+def _registry_hyperparameters():
+    """Every (field-backed) hyper-parameter of every registered loss, one per config field."""
+    seen = {}
+    for spec in registered_policy_losses().values():
+        for hp in spec.hyperparameters:
+            if hp.field is not None:
+                seen.setdefault(hp.field, hp)
+    return tuple(seen.values())
 
-        from .kernels import triton_unavailable_reason
 
-        if self.band_divergence != "kl":
-            raise ValueError(
-                f"band_solver='triton' supports band_divergence='kl' only, got {self.band_divergence!r}; "
-                "use band_solver='auto' or 'torch'."
-            )
-        device = "cpu" if self.use_cpu or not torch.cuda.is_available() else "cuda"
-        reason = triton_unavailable_reason(torch.empty(0, device=device))
-        if reason is not None:
-            raise ValueError(f"band_solver='triton' cannot run here: {reason}. Use band_solver='auto' or 'torch'.")
+def _default(config_class, name: str):
+    return {f.name: f.default for f in dataclasses.fields(config_class)}[name]
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @dataclass
@@ -153,7 +153,7 @@ class BandPOConfig(PolicyLossConfig):
 
     policy_loss: str = field(
         default="band",
-        metadata={"help": f"Per-token policy loss, one of {list(POLICY_LOSSES)}.", "choices": list(POLICY_LOSSES)},
+        metadata={"help": _POLICY_LOSS_HELP},
     )
 
 
@@ -172,5 +172,5 @@ class DGPOConfig(PolicyLossConfig):
 
     policy_loss: str = field(
         default="dgpo",
-        metadata={"help": f"Per-token policy loss, one of {list(POLICY_LOSSES)}.", "choices": list(POLICY_LOSSES)},
+        metadata={"help": _POLICY_LOSS_HELP},
     )

@@ -1,10 +1,10 @@
-"""Per-token policy losses of BandPO, DGPO and the baselines both papers compare against.
+"""Per-token policy losses of BandPO, DGPO and the baselines both papers compare against, and their registry.
 
 Every loss is a small pure function `loss(log_ratio, advantages, lower, upper, **hyperparameters)` returning the
 per-token loss (before masking and aggregation, which the trainer shares with TRL). `lower`/`upper` are the ratio
 bounds in use (floats or tensors broadcastable to `log_ratio`), produced by the matching `*_bounds` function from
-the old log-probs. Notation as in SPEC: `r = exp(log_ratio)`, advantage `A`; the gradient weight `w` is the
-coefficient on `grad log pi` (`-grad loss = A * w * grad log pi`).
+the old log-probs. Notation (docs/policy-losses.md): `r = exp(log_ratio)`, advantage `A`; the gradient weight `w`
+is the coefficient on `grad log pi` (`-grad loss = A * w * grad log pi`).
 
 Two families:
 - clipped surrogates (`clip`, `band`, `relaxed_band`, `dcpo`): PPO's `-min(r A, clamp(r, lower, upper) A)`, which is
@@ -12,37 +12,47 @@ Two families:
 - re-weighted surrogates (`dgpo`, `gppo`, `ce_gppo`, `aspo`): the forward value is chosen per method and the
   gradient weight is set explicitly, `loss = -A * (sg(value) + sg(w) * (log_ratio - sg(log_ratio)))`.
 
-`policy_loss(name, logps, old_logps, advantages, **hyperparameters)` is the one-call entry point.
+Each loss is registered once (`register_policy_loss`) as a `PolicyLossSpec`: its bounds and loss functions, the
+hyper-parameters they take with the config field each is read from and its check, and any extra metrics. The
+trainer and the config read only the registry (docs/adding-a-policy-loss.md). `policy_loss(name, logps, old_logps,
+advantages, **hyperparameters)` is the one-call entry point.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
 
 import torch
 
-from .band import band_bounds
+from .band import band_bounds, check_divergence, check_radius, check_solver, check_upper_max, solver_unavailable_reason
 
 __all__ = [
-    "POLICY_LOSSES",
     "CLIPPED_LOSSES",
-    "clip_bounds",
+    "POLICY_LOSSES",
+    "Hyperparameter",
+    "PolicyLossSpec",
+    "aspo_loss",
     "band_policy_bounds",
-    "relaxed_band_bounds",
-    "dcpo_bounds",
-    "clipped_surrogate_loss",
+    "ce_gppo_loss",
+    "clip_bounds",
     "clip_regions",
+    "clipped_surrogate_loss",
+    "dcpo_bounds",
     "dgpo_log_weights",
     "dgpo_loss",
+    "dgpo_metrics",
     "gppo_loss",
-    "ce_gppo_loss",
-    "aspo_loss",
-    "policy_loss",
     "policy_bounds",
+    "policy_loss",
     "policy_loss_fn",
+    "register_policy_loss",
+    "registered_policy_losses",
+    "relaxed_band_bounds",
 ]
 
 Bound = float | torch.Tensor
@@ -90,7 +100,7 @@ def dcpo_bounds(
     old_logps: torch.Tensor, *, epsilon_low: float = 0.16, epsilon_high: float = 0.2, upper_max: float = 10.0
 ):
     """DCPO's dynamic bounds: `lower = 1/2 + 1/2 sqrt(max(1 - 4 eps_low / p, 0))`,
-    `upper = min(1/2 + 1/2 sqrt(1 + 4 eps_high / p), upper_max)` (SPEC §3)."""
+    `upper = min(1/2 + 1/2 sqrt(1 + 4 eps_high / p), upper_max)` (docs/policy-losses.md, "DCPO")."""
     with torch.no_grad():
         dtype = torch.float64 if old_logps.dtype == torch.float64 else torch.float32
         inv_p = torch.exp(-old_logps.detach().to(dtype).clamp(max=0.0))
@@ -126,7 +136,8 @@ def clipped_surrogate_loss(
 def _reweighted_surrogate(
     log_ratio: torch.Tensor, advantages: torch.Tensor, value: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
-    """`-A * (sg(value) + sg(weight) * (log_ratio - sg(log_ratio)))`: forward `-A * value`, gradient weight `weight`."""
+    """`-A * (sg(value) + sg(weight) * (log_ratio - sg(log_ratio)))`: forward `-A * value`, gradient weight
+    `weight`."""
     return -advantages * (value.detach() + weight.detach() * (log_ratio - log_ratio.detach()))
 
 
@@ -142,8 +153,8 @@ def _log(bound: Bound) -> Bound:
 
 
 def clip_regions(log_ratio, advantages, lower, upper):
-    """DGPO's regions (SPEC §2): LN `r < lower, A < 0`; HP `r > upper, A > 0`; LP `r < lower, A > 0`;
-    HN `r > upper, A < 0`."""
+    """DGPO's regions (DGPO §4, docs/policy-losses.md): LN `r < lower, A < 0`; HP `r > upper, A > 0`;
+    LP `r < lower, A > 0`; HN `r > upper, A < 0`."""
     log_ratio = log_ratio.detach()
     below, above = log_ratio < _log(lower), log_ratio > _log(upper)
     pos, neg = advantages > 0, advantages < 0
@@ -153,7 +164,7 @@ def clip_regions(log_ratio, advantages, lower, upper):
 def dgpo_log_weights(
     log_ratio: torch.Tensor, advantages: torch.Tensor, lower: Bound, upper: Bound, *, n: int = 1, m: float = 2.0
 ) -> torch.Tensor:
-    """`log w` of DGPO (SPEC §2), on `grad log pi`: LN `(n+1) log r - n log(1-eps_low)`,
+    """`log w` of DGPO (docs/policy-losses.md, "DGPO"), on `grad log pi`: LN `(n+1) log r - n log(1-eps_low)`,
     HP `(m-1)/m log r + log(1+eps_high)/m`, elsewhere `log r`. Only linear maps of `log r` are selected, and the
     single `exp` happens afterwards, so no branch can overflow where it does not apply."""
     log_ratio = log_ratio.detach()
@@ -168,7 +179,8 @@ def dgpo_loss(
 ) -> torch.Tensor:
     """DGPO (https://arxiv.org/abs/2603.14389): outside the clip range the weight on `grad pi` decays as `pi^n`
     (left, A < 0) or `pi^(-1/m)` (right, A > 0), continuous at both boundaries. The forward value is the
-    surrogate `R` of SPEC §2, which equals the weight `w` on `grad log pi`."""
+    surrogate `R` whose gradient gives these weights (DGPO §4; docs/policy-losses.md), which equals the weight `w`
+    on `grad log pi`."""
     weight = torch.exp(dgpo_log_weights(log_ratio, advantages, lower, upper, n=n, m=m))
     return _reweighted_surrogate(log_ratio, advantages, weight, weight)
 
@@ -197,7 +209,8 @@ def ce_gppo_loss(
     beta1: float = 0.75,
     beta2: float = 1.0,
 ) -> torch.Tensor:
-    """CE-GPPO: as GPPO with the boundary weights scaled, `beta1 (1 - eps_low)` (LN) and `beta2 (1 + eps_high)` (HP)."""
+    """CE-GPPO: as GPPO with the boundary weights scaled, `beta1 (1 - eps_low)` (LN) and `beta2 (1 + eps_high)`
+    (HP)."""
     return _boundary_weights(
         log_ratio, advantages, lower, upper, beta1 * _as_weight(lower), beta2 * _as_weight(upper)
     )
@@ -230,53 +243,315 @@ def _as_weight(bound: Bound) -> Bound:
     return bound.detach() if torch.is_tensor(bound) else bound
 
 
+
+def dgpo_metrics(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    lower: Bound,
+    upper: Bound,
+    mask: torch.Tensor,
+    *,
+    n: int = 1,
+    m: float = 2.0,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """DGPO's extra metrics (docs/metrics.md) as `(numerator, denominator)` pairs: the share of tokens in each region
+    (`dgpo/frac_LN`, `_HP`, `_LP`, `_HN`) and the mean gradient weight in LN and HP (`dgpo/weight_{LN,HP}_mean`)."""
+    regions = clip_regions(log_ratio, advantages, lower, upper)
+    weights = torch.exp(dgpo_log_weights(log_ratio, advantages, lower, upper, n=n, m=m))
+    mask = mask.float()
+    counts = {}
+    for name, region in regions.items():
+        region = region.float() * mask
+        counts[f"dgpo/frac_{name}"] = (region.sum(), mask.sum())
+        if name in ("LN", "HP"):
+            counts[f"dgpo/weight_{name}_mean"] = ((weights * region).sum(), region.sum())
+    return counts
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Hyper-parameter checks: (label, value) -> normalised value; a ValueError names `label` (a config field or keyword)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_epsilon_low(label: str, value: Any) -> float:
+    if not _is_real(value) or not 0 <= value < 1:
+        raise ValueError(f"{label} must be a number in [0, 1), got {value!r}.")
+    return float(value)
+
+
+def check_epsilon_high(label: str, value: Any) -> float:
+    if not _is_real(value) or not 0 <= value < math.inf:
+        raise ValueError(f"{label} must be a finite number >= 0, got {value!r}.")
+    return float(value)
+
+
+def check_dual_clip(label: str, value: Any) -> float | None:
+    if value is not None and not _is_real(value):
+        raise ValueError(f"{label} (dual clip) must be None or a number, got {value!r}.")
+    return value
+
+
+def check_power(label: str, value: Any) -> int:
+    if not _is_real(value) or not math.isfinite(value) or not float(value).is_integer() or value < 1:
+        raise ValueError(f"{label} must be an integer >= 1, got {value!r}.")
+    return int(value)
+
+
+def _check_finite_at_least(minimum: float) -> Callable[[str, Any], float]:
+    def check(label: str, value: Any) -> float:
+        if not _is_real(value) or not math.isfinite(value) or value < minimum:
+            raise ValueError(f"{label} must be a finite number >= {minimum:g}, got {value!r}.")
+        return float(value)
+
+    return check
+
+
+check_at_least_one = _check_finite_at_least(1.0)
+check_non_negative = _check_finite_at_least(0.0)
+
+
+def _labelled(check: Callable) -> Callable[[str, Any], Any]:
+    """Adapt a `band` check `(value, label)` to the registry's `(label, value)`."""
+    return lambda label, value: check(value, label)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Registry and the one-call entry point
 # ----------------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class PolicyLossSpec:
-    """A named policy loss: how its bounds come from the old log-probs, and the per-token loss using them."""
+class Hyperparameter:
+    """One hyper-parameter of a policy loss.
 
+    Attributes:
+        name: keyword argument of the loss's bounds or loss function.
+        field: the `PolicyLossConfig` field it is read from (TRL's own fields included), or `None` for a keyword of
+            the pure API that the trainer leaves at the function's default.
+        check: `(label, value) -> value`, the validation (and normalisation) both the config and the pure API apply;
+            its `ValueError` names `label`.
+        fallback_field: field read when `field` is `None` (TRL's `epsilon_high` defaults to `epsilon`).
+    """
+
+    name: str
+    field: str | None
+    check: Callable[[str, Any], Any]
+    fallback_field: str | None = None
+
+
+# Shared by several losses: the clip interval, TRL's dual clip and the Band settings.
+EPSILON_LOW = Hyperparameter("epsilon_low", "epsilon", check_epsilon_low)
+EPSILON_HIGH = Hyperparameter("epsilon_high", "epsilon_high", check_epsilon_high, fallback_field="epsilon")
+DUAL_CLIP = Hyperparameter("delta", "delta", check_dual_clip)
+BAND = (
+    Hyperparameter("radius", "band_radius", _labelled(check_radius)),
+    Hyperparameter("divergence", "band_divergence", _labelled(check_divergence)),
+    Hyperparameter("upper_max", "band_upper_max", _labelled(check_upper_max)),
+    Hyperparameter("solver", "band_solver", _labelled(check_solver)),
+)
+
+
+def _check_band_solver_runs(kwargs: Mapping[str, Any], labels: Mapping[str, str], device: str) -> None:
+    """A kernel solver (`band_solver="triton"`) must run where training runs: checked when the config is built."""
+    reason = solver_unavailable_reason(kwargs["solver"], kwargs["divergence"], device)
+    if reason is not None:
+        label = labels["solver"]
+        raise ValueError(
+            f"{label}={kwargs['solver']!r} cannot run here: {reason}. Use {label}='auto' or 'torch'."
+        )
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """A registered policy loss: everything the trainer and the config need to run it.
+
+    Attributes:
+        name: the `policy_loss` value that selects it.
+        bounds: `(old_logps, **bound_kwargs) -> (lower, upper)`, floats or tensors shaped like `old_logps`.
+        loss: `(log_ratio, advantages, lower, upper, **loss_kwargs) -> per-token loss`.
+        hyperparameters: every keyword `bounds` and `loss` take, with the config field it is read from.
+        clipped: `True` for the clipped-surrogate family (gradient 0 where clipped; TRL's dual clip `delta`).
+        metrics: optional `(log_ratio, advantages, lower, upper, mask, **loss_kwargs) -> {name: (num, den)}`, extra
+            count metrics the trainer logs for this loss (docs/metrics.md).
+        check: optional cross-field check `(kwargs, labels, device) -> None` run when the config is built
+            (`labels` maps each keyword to the name the user wrote, `device` is where training runs).
+        switch: optional `(bool_field, other_loss)`: when that config field is true, the config selects `other_loss`
+            instead (`band` with `band_relax=True` is `relaxed_band`).
+        incompatible: config fields that must keep their default with this loss, with the reason (TRL settings
+            GRPOTrainer would apply but this loss cannot honour: an error, never a silent no-op).
+    """
+
+    name: str
     bounds: Callable
     loss: Callable
-    clipped: bool  # True: the clipped-surrogate family (dual clip `delta` applies, gradient 0 where clipped)
+    hyperparameters: tuple[Hyperparameter, ...] = ()
+    clipped: bool = False
+    metrics: Callable | None = None
+    check: Callable | None = None
+    switch: tuple[str, str] | None = None
+    incompatible: Mapping[str, str] = field(default_factory=dict)
+    bound_names: frozenset[str] = field(init=False, repr=False)
+    loss_names: frozenset[str] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        def keywords(fn, positional):
+            params = inspect.signature(fn).parameters
+            return {name for name in params if name not in positional}
+
+        bound_names = keywords(self.bounds, {"old_logps"})
+        loss_names = keywords(self.loss, {"log_ratio", "advantages", "lower", "upper"})
+        declared = {hp.name for hp in self.hyperparameters}
+        # Every keyword of the functions is declared (so the pure API and the trainer see the same set) and every
+        # declared hyper-parameter reaches a function: a mistake fails at import, not at the first training step.
+        if declared != bound_names | loss_names:
+            raise TypeError(
+                f"policy loss {self.name!r}: declared hyper-parameters {sorted(declared)} differ from the keywords of "
+                f"its functions {sorted(bound_names | loss_names)}."
+            )
+        object.__setattr__(self, "bound_names", frozenset(bound_names))
+        object.__setattr__(self, "loss_names", frozenset(loss_names))
+
+    @property
+    def config_fields(self) -> tuple[str, ...]:
+        """The config fields this loss reads (fallbacks included)."""
+        names = [hp.field for hp in self.hyperparameters if hp.field is not None]
+        names += [hp.fallback_field for hp in self.hyperparameters if hp.fallback_field is not None]
+        return tuple(dict.fromkeys(names))
+
+    def split(self, kwargs: Mapping[str, Any]) -> tuple[dict, dict]:
+        """`kwargs` split into those of `bounds` and those of `loss` (a keyword both take goes to both)."""
+        bound_kwargs = {k: v for k, v in kwargs.items() if k in self.bound_names}
+        loss_kwargs = {k: v for k, v in kwargs.items() if k in self.loss_names}
+        return bound_kwargs, loss_kwargs
+
+    def kwargs_from_config(self, config: Any) -> tuple[dict, dict]:
+        """`(bound_kwargs, loss_kwargs)` read from a config's fields and checked (messages name the fields)."""
+        kwargs = {}
+        for hp in self.hyperparameters:
+            if hp.field is None:
+                continue
+            label, value = hp.field, getattr(config, hp.field)
+            if value is None and hp.fallback_field is not None:
+                label, value = hp.fallback_field, getattr(config, hp.fallback_field)
+            kwargs[hp.name] = hp.check(label, value)
+        return self.split(kwargs)
 
 
-_REGISTRY: dict[str, PolicyLossSpec] = {
-    "clip": PolicyLossSpec(clip_bounds, clipped_surrogate_loss, clipped=True),
-    "band": PolicyLossSpec(band_policy_bounds, clipped_surrogate_loss, clipped=True),
-    "relaxed_band": PolicyLossSpec(relaxed_band_bounds, clipped_surrogate_loss, clipped=True),
-    "dcpo": PolicyLossSpec(dcpo_bounds, clipped_surrogate_loss, clipped=True),
-    "dgpo": PolicyLossSpec(clip_bounds, dgpo_loss, clipped=False),
-    "gppo": PolicyLossSpec(clip_bounds, gppo_loss, clipped=False),
-    "ce_gppo": PolicyLossSpec(clip_bounds, ce_gppo_loss, clipped=False),
-    "aspo": PolicyLossSpec(clip_bounds, aspo_loss, clipped=False),
+_REGISTRY: dict[str, PolicyLossSpec] = {}
+
+
+def register_policy_loss(spec: PolicyLossSpec) -> PolicyLossSpec:
+    """Add `spec` to the registry under `spec.name` (docs/adding-a-policy-loss.md); returns it."""
+    if spec.name in _REGISTRY:
+        raise ValueError(f"a policy loss named {spec.name!r} is already registered.")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+_CLIP = (EPSILON_LOW, EPSILON_HIGH)
+# The re-weighted losses set their own weights outside the clip range: TRL's dual clip has no meaning there.
+_NO_DUAL_CLIP = {
+    "delta": "the dual clip applies to the clipped losses only; this one sets its own weights outside the clip range"
 }
+register_policy_loss(PolicyLossSpec("clip", clip_bounds, clipped_surrogate_loss, (*_CLIP, DUAL_CLIP), clipped=True))
+register_policy_loss(
+    PolicyLossSpec(
+        "band",
+        band_policy_bounds,
+        clipped_surrogate_loss,
+        (*BAND, DUAL_CLIP),
+        clipped=True,
+        check=_check_band_solver_runs,
+        switch=("band_relax", "relaxed_band"),
+    )
+)
+register_policy_loss(
+    PolicyLossSpec(
+        "relaxed_band",
+        relaxed_band_bounds,
+        clipped_surrogate_loss,
+        (*BAND, *_CLIP, DUAL_CLIP),
+        clipped=True,
+        check=_check_band_solver_runs,
+    )
+)
+register_policy_loss(
+    PolicyLossSpec(
+        "dcpo",
+        dcpo_bounds,
+        clipped_surrogate_loss,
+        # DCPO keeps its own cap (10) in training: band_upper_max is the Band's, not DCPO's.
+        (*_CLIP, Hyperparameter("upper_max", None, _labelled(check_upper_max)), DUAL_CLIP),
+        clipped=True,
+    )
+)
+register_policy_loss(
+    PolicyLossSpec(
+        "dgpo",
+        clip_bounds,
+        dgpo_loss,
+        (*_CLIP, Hyperparameter("n", "dgpo_n", check_power), Hyperparameter("m", "dgpo_m", check_at_least_one)),
+        metrics=dgpo_metrics,
+        incompatible=_NO_DUAL_CLIP,
+    )
+)
+register_policy_loss(PolicyLossSpec("gppo", clip_bounds, gppo_loss, _CLIP, incompatible=_NO_DUAL_CLIP))
+register_policy_loss(
+    PolicyLossSpec(
+        "ce_gppo",
+        clip_bounds,
+        ce_gppo_loss,
+        (
+            *_CLIP,
+            Hyperparameter("beta1", "ce_gppo_beta1", check_non_negative),
+            Hyperparameter("beta2", "ce_gppo_beta2", check_non_negative),
+        ),
+        incompatible=_NO_DUAL_CLIP,
+    )
+)
+register_policy_loss(
+    PolicyLossSpec(
+        "aspo",
+        clip_bounds,
+        aspo_loss,
+        (
+            *_CLIP,
+            Hyperparameter("c_pos", "aspo_c_pos", check_at_least_one),
+            Hyperparameter("c_neg", "aspo_c_neg", check_at_least_one),
+        ),
+        incompatible=_NO_DUAL_CLIP,
+    )
+)
+
+#: The built-in policy losses (`registered_policy_losses()` also lists any registered later).
 POLICY_LOSSES = tuple(_REGISTRY)
 CLIPPED_LOSSES = tuple(name for name, spec in _REGISTRY.items() if spec.clipped)
 
 
+def registered_policy_losses() -> Mapping[str, PolicyLossSpec]:
+    """Every registered policy loss by name (a read-only view: built-in ones and any registered since)."""
+    return MappingProxyType(_REGISTRY)
+
+
 def policy_loss_fn(name: str) -> PolicyLossSpec:
     """The registered `PolicyLossSpec` for `name`, or a ValueError listing the allowed names."""
-    if name not in _REGISTRY:
-        raise ValueError(f"policy_loss must be one of {list(POLICY_LOSSES)}, got {name!r}.")
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(f"policy_loss must be one of {list(_REGISTRY)}, got {name!r}.")
     return _REGISTRY[name]
 
 
 def _split_hyperparameters(name: str, spec: PolicyLossSpec, hyperparameters: dict):
-    bound_names = set(inspect.signature(spec.bounds).parameters) - {"old_logps"}
-    loss_names = set(inspect.signature(spec.loss).parameters) - {"log_ratio", "advantages", "lower", "upper"}
-    unknown = set(hyperparameters) - bound_names - loss_names
+    allowed = {hp.name for hp in spec.hyperparameters}
+    unknown = set(hyperparameters) - allowed
     if unknown:
         raise TypeError(
-            f"policy loss {name!r} got unknown hyperparameters {sorted(unknown)}; "
-            f"allowed: {sorted(bound_names | loss_names)}."
+            f"policy loss {name!r} got unknown hyperparameters {sorted(unknown)}; allowed: {sorted(allowed)}."
         )
-    bound_kwargs = {k: v for k, v in hyperparameters.items() if k in bound_names}
-    loss_kwargs = {k: v for k, v in hyperparameters.items() if k in loss_names}
-    return bound_kwargs, loss_kwargs
+    return spec.split(hyperparameters)
 
 
 def policy_bounds(name: str, old_logps: torch.Tensor, **hyperparameters):

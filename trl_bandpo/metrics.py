@@ -1,0 +1,68 @@
+"""Count metrics of the clipping behaviour, as pure tensor functions (definitions: docs/metrics.md).
+
+Each metric is a `(numerator, denominator)` pair of scalar tensors so that the trainer can sum both over
+accumulation steps and processes before dividing once at logging (a ratio of sums, never a mean of means).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["PROB_BUCKET_EDGES", "TAIL_PROBABILITY", "clip_counts", "probability_buckets"]
+
+#: Old-token-probability bucket edges of the `clip_ratio_by_prob/*` metrics.
+PROB_BUCKET_EDGES = (0.2, 0.4, 0.6, 0.8)
+#: Tokens whose old probability is below this are "tail" tokens (BandPO Figure 3(b)).
+TAIL_PROBABILITY = 0.2
+
+Counts = dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def probability_buckets(old_probs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Boolean masks of the buckets `[0, 0.2), [0.2, 0.4), ..., [0.8, 1]` of `old_probs`, keyed `"p0.0-0.2"`, ..."""
+    edges = (0.0, *PROB_BUCKET_EDGES, 1.0)
+    buckets = {}
+    for left, right in zip(edges[:-1], edges[1:]):
+        upper_ok = old_probs < right if right < 1.0 else old_probs <= right  # the last bucket includes p = 1
+        buckets[f"p{left:.1f}-{right:.1f}"] = (old_probs >= left) & upper_ok
+    return buckets
+
+
+def clip_counts(
+    old_logps: torch.Tensor,
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    lower: torch.Tensor,
+    upper: torch.Tensor,
+    mask: torch.Tensor,
+) -> Counts:
+    """Counts behind the bound and clip-rate metrics of docs/metrics.md.
+
+    A token is clipped low when `ratio < lower` and `A < 0`, clipped high when `ratio > upper` and `A > 0` (the sides
+    where the clipped surrogate zeroes the gradient, TRL's `clip_ratio/*` definition).
+
+    Args:
+        old_logps (`torch.Tensor` of shape `(B, T)`): old log-probs of the sampled tokens.
+        ratio (`torch.Tensor` of shape `(B, T)` or `(B, 1)`): importance ratio (per sequence with GSPO).
+        advantages (`torch.Tensor` broadcastable to `(B, T)`).
+        lower, upper (`torch.Tensor` broadcastable to `(B, T)`): the ratio bounds in use.
+        mask (`torch.Tensor` of shape `(B, T)`): completion tokens that count.
+
+    Returns:
+        `{name: (numerator, denominator)}` for `bounds/lower_mean`, `bounds/upper_mean`,
+        `clip_ratio/high_tail_share` and `clip_ratio_by_prob/{low,high}/pA-B`.
+    """
+    m = mask.float()
+    is_low = ((ratio < lower) & (advantages < 0)).float() * m  # (B, 1) ratios broadcast to (B, T) here
+    is_high = ((ratio > upper) & (advantages > 0)).float() * m
+    p = torch.exp(old_logps.float())
+    counts = {
+        "bounds/lower_mean": ((lower.float() * m).sum(), m.sum()),
+        "bounds/upper_mean": ((upper.float() * m).sum(), m.sum()),
+        "clip_ratio/high_tail_share": ((is_high * (p < TAIL_PROBABILITY)).sum(), is_high.sum()),
+    }
+    for name, in_bucket in probability_buckets(p).items():
+        in_bucket = in_bucket.float() * m
+        counts[f"clip_ratio_by_prob/low/{name}"] = ((is_low * in_bucket).sum(), in_bucket.sum())
+        counts[f"clip_ratio_by_prob/high/{name}"] = ((is_high * in_bucket).sum(), in_bucket.sum())
+    return counts
