@@ -1,36 +1,9 @@
-r"""Math datasets as TRL prompt datasets: a conversational ``prompt`` column and a ``solution`` column.
+r"""Loaders that turn registered or local math datasets into TRL prompt datasets (``prompt``, ``solution``).
 
-Every loader returns a `datasets.Dataset` with three string-valued columns:
-
-* ``prompt``: ``[{"role": "user", "content": problem + " " + instruction}]`` (TRL's conversational format),
-* ``solution``: the ground-truth final answer (what `trl_bandpo.rewards` compares the last ``\boxed{}`` with),
-* ``data_source``: the registry name or file the row came from.
-
-The papers append ``"Let's think step by step and output the final answer within \\boxed{}."`` to each problem
-(`BOXED_INSTRUCTION`). Datasets come from the Hugging Face Hub by registry name (`DATASETS`: the BandPO/DGPO
-training sets and the six evaluation benchmarks) or from local JSONL/JSON/Parquet/CSV files (and folders written by
-``Dataset.save_to_disk``) for offline use.
-
-Hub ids, splits and columns (checked against the dataset cards / common loaders; override any of them with the
-keyword arguments of `load_math_dataset`):
-
-==================  ====================================  =====  ======================  ===========================
-name                hub id                                split  problem column          answer column
-==================  ====================================  =====  ======================  ===========================
-dapo-math-17k       BytedTsinghua-SIA/DAPO-Math-17k       train  prompt (conversation)   reward_model.ground_truth
-math-level3to5      DigitalLearningGmbH/MATH-lighteval    train  problem                 solution (last \boxed{})
-aime2024            HuggingFaceH4/aime_2024               train  problem                 answer
-aime2025            yentinglin/aime_2025                  train  problem                 answer
-amc2023             math-ai/amc23                         test   question                answer
-math500             HuggingFaceH4/MATH-500                test   problem                 answer
-minerva             math-ai/minervamath                   test   question                answer
-olympiadbench       math-ai/olympiadbench                 test   question                final_answer (list, joined)
-==================  ====================================  =====  ======================  ===========================
-
-DAPO-Math-17k stores each of its ~17k problems about a hundred times, wrapped in DAPO's own "Answer:" template: the
-loader de-duplicates it and replaces that template by the boxed instruction (the rewards read ``\boxed{}``).
-MATH levels 3-5 keep rows whose ``level`` is "Level 3", "Level 4" or "Level 5"; the answer is the last boxed
-expression of the worked solution. BandPO trains on both merged (`TRAINING_MIXES["bandpo"]`), DGPO on DAPO only.
+`load_math_dataset` reads one dataset (a registry name from `trl_bandpo.data.registry`, or a local file or
+``save_to_disk`` folder) and normalises its rows: the problem (DAPO's "Answer:" template removed) followed by
+`BOXED_INSTRUCTION` as a one-message conversation, and the final answer as a string. `load_training_mix` and
+`load_eval_benchmarks` load several at once.
 """
 
 from __future__ import annotations
@@ -38,23 +11,20 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .rewards import extract_boxed_answer
+from ..answers import extract_boxed_answer
+from .registry import DATASETS, EVAL_BENCHMARKS, TRAINING_MIXES, DatasetSpec, resolve_dataset_name
 
 __all__ = [
+    "ANSWER_FIELD_CANDIDATES",
     "BOXED_INSTRUCTION",
-    "DATASETS",
-    "EVAL_BENCHMARKS",
-    "TRAINING_MIXES",
-    "DatasetSpec",
+    "PROBLEM_FIELD_CANDIDATES",
     "get_field",
     "load_eval_benchmarks",
     "load_math_dataset",
     "load_training_mix",
-    "resolve_dataset_name",
 ]
 
 BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -77,117 +47,6 @@ _DAPO_PREFIX = re.compile(r"^\s*Solve the following math problem step by step\.[
 _DAPO_SUFFIX = re.compile(r"\s*Remember to put your answer on its own line after \"Answer:\"\.?\s*$")
 
 _LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    """Where a registered dataset lives and how to read it.
-
-    Attributes:
-        hub_id: Hugging Face Hub dataset id.
-        split: split to load.
-        problem_field: column with the problem (a string, or a conversation whose last user message is used);
-            dotted names reach into nested columns.
-        answer_field: column with the final answer (string, number or list of strings); dotted names allowed.
-        configs: hub configuration names; several are loaded and concatenated (None: the default one).
-        level_field / levels: keep only rows whose level (an int, or text such as "Level 3") is in `levels`.
-        deduplicate: drop rows whose problem text repeats an earlier row.
-        description: one line for listings.
-    """
-
-    hub_id: str
-    split: str
-    problem_field: str
-    answer_field: str
-    configs: tuple[str, ...] | None = None
-    level_field: str | None = None
-    levels: tuple[int, ...] | None = None
-    deduplicate: bool = False
-    description: str = ""
-
-
-DATASETS: dict[str, DatasetSpec] = {
-    # Training sets.
-    "dapo-math-17k": DatasetSpec(
-        "BytedTsinghua-SIA/DAPO-Math-17k",
-        "train",
-        "prompt",
-        "reward_model.ground_truth",
-        deduplicate=True,
-        description="DAPO-Math-17k (integer answers), de-duplicated; BandPO and DGPO training set",
-    ),
-    "math-level3to5": DatasetSpec(
-        "DigitalLearningGmbH/MATH-lighteval",
-        "train",
-        "problem",
-        "solution",
-        configs=("default",),
-        level_field="level",
-        levels=(3, 4, 5),
-        description="MATH train, levels 3-5 (answer = last \\boxed{} of the solution); merged with DAPO by BandPO",
-    ),
-    "hendrycks-math-level3to5": DatasetSpec(
-        "EleutherAI/hendrycks_math",
-        "train",
-        "problem",
-        "solution",
-        configs=(
-            "algebra",
-            "counting_and_probability",
-            "geometry",
-            "intermediate_algebra",
-            "number_theory",
-            "prealgebra",
-            "precalculus",
-        ),
-        level_field="level",
-        levels=(3, 4, 5),
-        description="The same MATH levels 3-5 from the EleutherAI per-subject copy",
-    ),
-    # Evaluation benchmarks.
-    "aime2024": DatasetSpec("HuggingFaceH4/aime_2024", "train", "problem", "answer", description="AIME 2024 (30)"),
-    "aime2025": DatasetSpec("yentinglin/aime_2025", "train", "problem", "answer", description="AIME 2025 (30)"),
-    "amc2023": DatasetSpec("math-ai/amc23", "test", "question", "answer", description="AMC 2023 (40)"),
-    "math500": DatasetSpec("HuggingFaceH4/MATH-500", "test", "problem", "answer", description="MATH-500 (500)"),
-    "minerva": DatasetSpec("math-ai/minervamath", "test", "question", "answer", description="Minerva Math (272)"),
-    "olympiadbench": DatasetSpec(
-        "math-ai/olympiadbench", "test", "question", "final_answer", description="OlympiadBench (675)"
-    ),
-}
-
-_ALIASES = {
-    "dapo": "dapo-math-17k",
-    "dapo-math": "dapo-math-17k",
-    "math-l3-5": "math-level3to5",
-    "math-level-3-5": "math-level3to5",
-    "aime24": "aime2024",
-    "aime-2024": "aime2024",
-    "aime25": "aime2025",
-    "aime-2025": "aime2025",
-    "amc23": "amc2023",
-    "amc-2023": "amc2023",
-    "math-500": "math500",
-    "minervamath": "minerva",
-    "minerva-math": "minerva",
-    "olympiad-bench": "olympiadbench",
-}
-
-# The six DGPO benchmarks in the order the papers report them; BandPO uses amc2023, aime2024, aime2025.
-EVAL_BENCHMARKS: dict[str, DatasetSpec] = {
-    name: DATASETS[name] for name in ("aime2024", "aime2025", "amc2023", "math500", "minerva", "olympiadbench")
-}
-BANDPO_EVAL_BENCHMARKS = ("amc2023", "aime2024", "aime2025")
-TRAINING_MIXES: dict[str, tuple[str, ...]] = {
-    "bandpo": ("dapo-math-17k", "math-level3to5"),
-    "dgpo": ("dapo-math-17k",),
-}
-
-
-def resolve_dataset_name(name: str) -> str | None:
-    """The registry key for `name` (case-, ``_``- and alias-insensitive), or None when it is not registered."""
-    key = name.strip().lower().replace("_", "-")
-    key = _ALIASES.get(key, key)
-    return key if key in DATASETS else None
 
 
 def get_field(row: Mapping[str, Any], field: str) -> Any:

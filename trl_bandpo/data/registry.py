@@ -1,0 +1,130 @@
+"""The registry of math datasets: where each lives on the Hugging Face Hub and how to read it.
+
+`DATASETS` maps a registry name to its `DatasetSpec` (the BandPO/DGPO training sets and the six evaluation
+benchmarks; the table in `trl_bandpo.data` lists them), `resolve_dataset_name` accepts aliases such as ``"aime24"``,
+and `EVAL_BENCHMARKS` / `BANDPO_EVAL_BENCHMARKS` / `TRAINING_MIXES` name the sets the papers evaluate and train on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "BANDPO_EVAL_BENCHMARKS",
+    "DATASETS",
+    "EVAL_BENCHMARKS",
+    "TRAINING_MIXES",
+    "DatasetSpec",
+    "resolve_dataset_name",
+]
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Where a registered dataset lives and how to read it.
+
+    Attributes:
+        hub_id: Hugging Face Hub dataset id.
+        split: split to load.
+        problem_field: column with the problem (a string, or a conversation whose last user message is used);
+            dotted names reach into nested columns.
+        answer_field: column with the final answer (string, number or list of strings); dotted names allowed.
+        configs: hub configuration names; several are loaded and concatenated (None: the default one).
+        level_field / levels: keep only rows whose level (an int, or text such as "Level 3") is in `levels`.
+        deduplicate: drop rows whose problem text repeats an earlier row.
+        description: one line for listings.
+    """
+
+    hub_id: str
+    split: str
+    problem_field: str
+    answer_field: str
+    configs: tuple[str, ...] | None = None
+    level_field: str | None = None
+    levels: tuple[int, ...] | None = None
+    deduplicate: bool = False
+    description: str = ""
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    # Training sets.
+    "dapo-math-17k": DatasetSpec(
+        "BytedTsinghua-SIA/DAPO-Math-17k",
+        "train",
+        "prompt",
+        "reward_model.ground_truth",
+        deduplicate=True,
+        description="DAPO-Math-17k (integer answers), de-duplicated; BandPO and DGPO training set",
+    ),
+    "math-level3to5": DatasetSpec(
+        "DigitalLearningGmbH/MATH-lighteval",
+        "train",
+        "problem",
+        "solution",
+        configs=("default",),
+        level_field="level",
+        levels=(3, 4, 5),
+        description="MATH train, levels 3-5 (answer = last \\boxed{} of the solution); merged with DAPO by BandPO",
+    ),
+    "hendrycks-math-level3to5": DatasetSpec(
+        "EleutherAI/hendrycks_math",
+        "train",
+        "problem",
+        "solution",
+        configs=(
+            "algebra",
+            "counting_and_probability",
+            "geometry",
+            "intermediate_algebra",
+            "number_theory",
+            "prealgebra",
+            "precalculus",
+        ),
+        level_field="level",
+        levels=(3, 4, 5),
+        description="The same MATH levels 3-5 from the EleutherAI per-subject copy",
+    ),
+    # Evaluation benchmarks.
+    "aime2024": DatasetSpec("HuggingFaceH4/aime_2024", "train", "problem", "answer", description="AIME 2024 (30)"),
+    "aime2025": DatasetSpec("yentinglin/aime_2025", "train", "problem", "answer", description="AIME 2025 (30)"),
+    "amc2023": DatasetSpec("math-ai/amc23", "test", "question", "answer", description="AMC 2023 (40)"),
+    "math500": DatasetSpec("HuggingFaceH4/MATH-500", "test", "problem", "answer", description="MATH-500 (500)"),
+    "minerva": DatasetSpec("math-ai/minervamath", "test", "question", "answer", description="Minerva Math (272)"),
+    "olympiadbench": DatasetSpec(
+        "math-ai/olympiadbench", "test", "question", "final_answer", description="OlympiadBench (675)"
+    ),
+}
+
+_ALIASES = {
+    "dapo": "dapo-math-17k",
+    "dapo-math": "dapo-math-17k",
+    "math-l3-5": "math-level3to5",
+    "math-level-3-5": "math-level3to5",
+    "aime24": "aime2024",
+    "aime-2024": "aime2024",
+    "aime25": "aime2025",
+    "aime-2025": "aime2025",
+    "amc23": "amc2023",
+    "amc-2023": "amc2023",
+    "math-500": "math500",
+    "minervamath": "minerva",
+    "minerva-math": "minerva",
+    "olympiad-bench": "olympiadbench",
+}
+
+# The six DGPO benchmarks in the order the papers report them; BandPO uses amc2023, aime2024, aime2025.
+EVAL_BENCHMARKS: dict[str, DatasetSpec] = {
+    name: DATASETS[name] for name in ("aime2024", "aime2025", "amc2023", "math500", "minerva", "olympiadbench")
+}
+BANDPO_EVAL_BENCHMARKS = ("amc2023", "aime2024", "aime2025")
+TRAINING_MIXES: dict[str, tuple[str, ...]] = {
+    "bandpo": ("dapo-math-17k", "math-level3to5"),
+    "dgpo": ("dapo-math-17k",),
+}
+
+
+def resolve_dataset_name(name: str) -> str | None:
+    """The registry key for `name` (case-, ``_``- and alias-insensitive), or None when it is not registered."""
+    key = name.strip().lower().replace("_", "-")
+    key = _ALIASES.get(key, key)
+    return key if key in DATASETS else None
