@@ -154,9 +154,9 @@ def test_method_settings_and_arguments():
 
 
 def test_observations_are_computed_not_asserted():
-    base = {"entropy_first": 1.0, "entropy_final": 0.5, "entropy_mean": 0.7, "entropy_end": 0.5, "entropy_end_se": 0.01,
-            "tail_share": 0.6, "tail_share_se": 0.01, "clip_rate_mean": 0.1, "clip_rate_mean_se": 0.001,
-            "heldout_acc_sampled": 0.5, "heldout_acc_sampled_se": 0.005}  # fmt: skip
+    base = {"entropy_first": 1.0, "entropy_final": 0.5, "entropy_mean": 0.7, "entropy_end": 0.5,
+            "entropy_end_se": 0.01, "tail_share": 0.6, "tail_share_se": 0.01, "clip_rate_mean": 0.1,
+            "clip_rate_mean_se": 0.001, "heldout_acc_sampled": 0.5, "heldout_acc_sampled_se": 0.005}  # fmt: skip
     rows = {
         "grpo": {**base, "method": "GRPO"},
         "bandpo": {**base, "method": "BandPO", "entropy_end": 0.3, "tail_share": 0.1, "heldout_acc_sampled": 0.505,

@@ -1,0 +1,101 @@
+"""The demo's synthetic task: two-operand addition ``"a+b="`` -> ``"<a+b>"``, its exact-answer reward, and accuracy.
+
+Operands are drawn from ``[0, max_operand)``. The ``max_operand²`` problems are split once, by seed, into training
+prompts and held-out problems that are never trained on (neither by the warm start nor by RL): accuracy on them
+measures generalisation.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from .runtime import forked_rng
+
+
+def make_problems(max_operand: int, num_prompts: int, num_eval: int, seed: int):
+    """Split the ``max_operand²`` problems ``a+b=`` into disjoint training prompts and held-out problems.
+
+    Returns two lists of ``{"prompt": "a+b=", "answer": "<a+b>"}``: `num_prompts` training problems (0 = all the
+    ones not held out) and `num_eval` held-out ones. The split depends only on `seed`.
+    """
+    pairs = [(a, b) for a in range(max_operand) for b in range(max_operand)]
+    random.Random(seed).shuffle(pairs)
+    if num_eval >= len(pairs):
+        raise ValueError(f"--num-eval ({num_eval}) must be below the number of problems ({len(pairs)}).")
+    held_out, train = pairs[:num_eval], pairs[num_eval:]
+    if num_prompts:
+        if num_prompts > len(train):
+            raise ValueError(
+                f"--num-prompts ({num_prompts}) exceeds the {len(train)} problems left after holding out {num_eval}; "
+                f"raise --max-operand or lower --num-eval."
+            )
+        train = train[:num_prompts]
+    as_rows = lambda ps: [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in ps]  # noqa: E731
+    return as_rows(train), as_rows(held_out)
+
+
+def max_completion_tokens(max_operand: int) -> int:
+    """Tokens a completion may take: the longest answer's digits, EOS, one spare."""
+    return len(str(2 * (max_operand - 1))) + 2
+
+
+def correctness_reward(completions, answer, **kwargs) -> list[float]:
+    """1.0 when the completion (stripped) is exactly the answer, else 0.0."""
+    return [1.0 if _text(c).strip() == str(a) else 0.0 for c, a in zip(completions, answer)]
+
+
+def _text(completion) -> str:
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):  # conversational
+        return str(completion[-1].get("content", ""))
+    return str(completion)
+
+
+def evaluate_accuracy(
+    model, tokenizer, rows, *, samples: int, seed: int, max_new_tokens: int, greedy: bool = True, batch_size: int = 512
+):
+    """Accuracy on `rows`: greedy (unless `greedy=False`), and the mean over `samples` samples per problem at
+    temperature 1 (0 = skip), drawn under a fixed `seed` without touching the global RNG state."""
+    import torch
+
+    model_was_training = model.training
+    model.eval()
+    tokenizer.padding_side = "left"
+    answers = [row["answer"] for row in rows]
+
+    def run(prompts, do_sample):
+        texts = []
+        for i in range(0, len(prompts), batch_size):
+            enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = {k: v.to(model.device) for k, v in enc.items()}
+            # pure sampling at temperature 1 (top_k=0: no top-k filter), as TRL samples during training
+            sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if do_sample else {}
+            out = model.generate(
+                **enc,
+                **sampling,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        return texts
+
+    prompts = [row["prompt"] for row in rows]
+    with torch.no_grad():
+        greedy = correctness_reward(run(prompts, False), answers) if greedy else []
+        sampled = []
+        if samples > 0:
+            with forked_rng(seed):
+                sampled = correctness_reward(run(prompts * samples, True), answers * samples)
+    model.train(model_was_training)
+    acc = sum(sampled) / len(sampled) if sampled else float("nan")
+    return {
+        "greedy": sum(greedy) / len(greedy) if greedy else float("nan"),
+        "sampled": acc,
+        # binomial standard error of the sampled accuracy (at least that of one success in n)
+        "sampled_se": math.sqrt(max(acc * (1 - acc), 1.0 / len(sampled)) / len(sampled)) if sampled else float("nan"),
+        "n_problems": len(rows),
+        "n_samples": len(sampled),
+    }
