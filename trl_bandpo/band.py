@@ -10,7 +10,7 @@ token with old probability `p` becomes one scalar equation in `r` (docs/band-ope
 `lower(p)` is its root in `[0, 1)`, `upper(p)` its root in `(1, 1/p]`; where `g_f` stays below `delta` up to the
 simplex limit, the bound saturates at `0` or `1/p`.
 
-Solvers in this module (all vectorised, none synchronises with the host):
+Solvers (in `trl_bandpo.band_solvers`; all vectorised, none synchronises with the host):
 - "kl": safeguarded Newton in log space, exact to float64 precision in `KL_NEWTON_STEPS[dtype]` steps (see
   `_solve_binary_kl_lower`);
 - "tv", "chi2": closed forms;
@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+from .band_solvers import KL_NEWTON_STEPS, closed_form_bounds, generic_bounds, kl_bounds
 
 __all__ = [
     "DIVERGENCES",
@@ -84,15 +86,6 @@ GENERATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 DIVERGENCES = tuple(GENERATORS)
 #: Values of `band_bounds(..., solver=...)`: "auto" picks a registered kernel where it can run, else "torch".
 SOLVERS = ("auto", "torch", "triton")
-
-# Newton steps of the KL solver, per compute dtype (the Triton kernels use the same counts). From its start point
-# the relative error after 3 steps was at most 1e-7 (at delta = 1e-3; 1e-8 at 0.05) and at float64 round-off after
-# 4, over p in [1e-12, 1 - 1e-12] and delta in [1e-3, 5]: 3 steps meet the float32 accuracy target, 4 give float64
-# full precision (docs/band-operator.md, "Solver and error bound"). tests/test_band.py checks both.
-KL_NEWTON_STEPS = {torch.float32: 3, torch.float64: 4}
-# Bisection steps of the generic solver: 2^-60 of the bracket, far below float32 resolution and at the float64 target.
-_BISECTION_STEPS = 60
-
 
 def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
     """The dtype the bounds are solved and returned in: float64 for float64 input, float32 for every other dtype."""
@@ -274,14 +267,14 @@ def band_bounds(
     with torch.no_grad():
         logp = old_logps.detach().to(compute_dtype).clamp(max=0.0)  # NaN stays NaN
         if divergence == "kl":
-            lower, upper = (bound.reshape(logp.shape) for bound in _kl_bounds(logp, radius))
+            lower, upper = (bound.reshape(logp.shape) for bound in kl_bounds(logp, radius))
         elif divergence == "tv":
-            lower, upper = _closed_form_bounds(logp, radius / torch.exp(logp))
+            lower, upper = closed_form_bounds(logp, radius / torch.exp(logp))
         elif divergence == "chi2":
-            lower, upper = _closed_form_bounds(logp, torch.sqrt(radius * -torch.expm1(logp) / torch.exp(logp)))
+            lower, upper = closed_form_bounds(logp, torch.sqrt(radius * -torch.expm1(logp) / torch.exp(logp)))
         else:
             f = GENERATORS[divergence] if isinstance(divergence, str) else divergence
-            lower, upper = _generic_bounds(logp.double(), radius, f)
+            lower, upper = generic_bounds(logp.double(), radius, f)
             lower, upper = lower.to(compute_dtype), upper.to(compute_dtype)
         return _cap_and_relax(lower, upper, upper_max, relax)
 
@@ -293,110 +286,3 @@ def _cap_and_relax(lower, upper, upper_max, relax):
         lower = lower.clamp(max=1.0 - float(relax[0]))
         upper = upper.clamp(min=1.0 + float(relax[1]))
     return lower, upper
-
-
-def _closed_form_bounds(logp: torch.Tensor, half_width: torch.Tensor):
-    """`[1 - w, 1 + w]` clamped to the simplex `[0, 1/p]` (TV: `w = delta/p`; chi2: `w = sqrt(delta (1-p)/p)`)."""
-    lower = (1 - half_width).clamp(min=0.0)
-    upper = torch.minimum(1 + half_width, torch.exp(-logp))
-    return lower, upper
-
-
-# On CPU the solver runs over chunks of this many tokens: its ~40 elementwise passes then stay in cache instead of
-# streaming 8 MB temporaries through memory (measured 30% faster at 1M tokens, benchmarks/RESULTS.md).
-_CPU_CHUNK = 1 << 16
-
-
-def _kl_bounds(logp: torch.Tensor, radius: float):
-    """KL bounds as flat tensors (see `_kl_bounds_flat`), in cache-sized chunks on CPU."""
-    logp = logp.reshape(-1)
-    if logp.device.type != "cpu" or logp.numel() <= _CPU_CHUNK:
-        return _kl_bounds_flat(logp, radius)
-    lower, upper = torch.empty_like(logp), torch.empty_like(logp)
-    for start in range(0, logp.numel(), _CPU_CHUNK):  # a loop over sizes, not data: no synchronisation
-        chunk = slice(start, start + _CPU_CHUNK)
-        lower[chunk], upper[chunk] = _kl_bounds_flat(logp[chunk], radius)
-    return lower, upper
-
-
-def _kl_bounds_flat(logp: torch.Tensor, radius: float):
-    """KL bounds for 1-D `logp`. Binary KL is symmetric under (p, q) -> (1-p, 1-q), so both roots are lower roots
-    (docs/band-operator.md, "Both roots are lower roots"): `lower = exp(t(p))` and
-    `upper = (1 - (1-p) exp(t(1-p))) / p`, `t(s)` from `_solve_binary_kl_lower`."""
-    p = torch.exp(logp)
-    one_minus_p = torch.expm1(logp).neg_()
-    # Both sides in one batch: half the kernel launches of two separate solves.
-    t_low, t_high = _solve_binary_kl_lower(torch.cat([p, one_minus_p]), torch.cat([one_minus_p, p]), radius).chunk(2)
-    # upper = q/p with 1 - q = (1 - p) e^t, written without the cancellation of 1 - (1 - q) when q is small
-    upper = torch.expm1(t_high).mul_(logp.neg().exp_()).neg_().add_(t_high.exp_())
-    return t_low.exp(), upper
-
-
-def _solve_binary_kl_lower(s: torch.Tensor, one_minus_s: torch.Tensor, radius: float) -> torch.Tensor:
-    """`t = log(q/s) < 0` solving `KL(Bern(s) || Bern(q)) = radius` with `q < s`, for 1-D tensors `s`, `1 - s`.
-
-    With `u = s expm1(t)` (so `1 - q = (1 - s) - u`) the equation reads, free of cancellation beyond the inherent
-    first-order one,
-        h(t) = -s t - (1 - s) log1p(-u / (1 - s)) - radius = 0,
-        h'(t) = u / (1 - q) < 0,    h''(t) = s (1 - s) e^t / (1 - q)^2 > 0.
-    `h` is convex and decreasing, and lies above its asymptote `-s t + (1-s) log(1-s) - radius` (t -> -inf), whose
-    root `t_floor` is therefore left of the root. And `KL <= -s t <= -t` for `q < s`, so the root is `<= -radius`.
-    Newton on a convex decreasing function lands left of the root after any step and then increases monotonically
-    to it; clamping every iterate to `[t_floor, -radius]` keeps a poor first step bounded and away from `t = 0`,
-    where `h' = 0`. Start: the chi-square estimate `log(1 - sqrt(2 radius (1-s)/s))` clamped to that bracket.
-    """
-    tiny = torch.finfo(s.dtype).tiny
-    # Padding-safe: s = 0 gives t = -huge (q = 0), 1 - s = 0 gives t = -radius (q = e^-radius), as the limits do.
-    s = s.clamp(min=tiny)
-    one_minus_s = one_minus_s.clamp(min=tiny)
-    neg_inv_one_minus_s = one_minus_s.reciprocal().neg_()
-    # Floored at 2 log(tiny): any t below underflows exp(t) to 0 anyway, and -inf would turn Newton into NaN.
-    t_floor = (one_minus_s * one_minus_s.log()).sub_(radius).div_(s).clamp_(min=2 * math.log(tiny))
-    t_ceil = torch.tensor(-radius, dtype=s.dtype, device=s.device)
-    t = (2 * radius * one_minus_s / s).sqrt_().neg_().add_(1).clamp_(min=tiny).log_()
-    t = torch.clamp(t, t_floor, t_ceil)
-    steps = KL_NEWTON_STEPS[s.dtype]
-    for _ in range(steps):  # fixed count: no host synchronisation
-        u = torch.expm1(t).mul_(s)
-        minus_h = torch.addcmul(s * t, one_minus_s, (u * neg_inv_one_minus_s).log1p_()).add_(radius)
-        # t_next = t - h / h' = t + minus_h * (1 - q) / u
-        t = torch.clamp(t.addcmul_(minus_h, (one_minus_s - u).div_(u)), t_floor, t_ceil)
-    return t
-
-
-def _generic_bounds(logp: torch.Tensor, radius: float, f: Callable[[torch.Tensor], torch.Tensor]):
-    """Bounds for any convex generator by bracketed bisection (float64): on `r` in `[0, 1]` for the lower root and
-    on `log r` in `[0, -log p]` for the upper one, so both reach the accuracy target in `_BISECTION_STEPS` steps."""
-    tiny = torch.finfo(logp.dtype).tiny
-    underflow = logp < math.log(tiny)  # p = 0 to float precision: upper is the cap, as 1/p overflows for KL/TV/chi2
-    logp = logp.clamp(min=math.log(tiny))
-    p = torch.exp(logp)
-    one_minus_p = -torch.expm1(logp)
-
-    # At p = 1 the second term of g is (1 - r) * lim_{u->inf} f(u)/u, not 0 (e.g. KL: lower -> e^-delta,
-    # BandPO Appendix 9.4);
-    # flooring 1 - p at `tiny` evaluates that limit instead of 0 * f(0/0).
-    one_minus_p = one_minus_p.clamp(min=tiny)
-
-    def excess(r: torch.Tensor) -> torch.Tensor:  # g_f(p, r) - radius
-        c = ((1 - r * p) / one_minus_p).clamp(min=0.0)
-        return p * f(r) + one_minus_p * f(c) - radius
-
-    # Lower root on r in [0, 1]: g is decreasing there; saturated (lower = 0) if g(p, 0) <= radius.
-    lo, hi = torch.zeros_like(p), torch.ones_like(p)
-    for _ in range(_BISECTION_STEPS):
-        mid = 0.5 * (lo + hi)
-        above = excess(mid) > 0  # NaN (e.g. f(0) undefined) counts as outside the region
-        lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
-    lower = torch.where(excess(torch.zeros_like(p)) <= 0, torch.zeros_like(p), hi)
-
-    # Upper root on log r in [0, -log p]: g is increasing there; saturated (upper = 1/p) if g(p, 1/p) <= radius.
-    lo, hi = torch.zeros_like(p), -logp
-    for _ in range(_BISECTION_STEPS):
-        mid = 0.5 * (lo + hi)
-        above = excess(torch.exp(mid)) > 0
-        lo, hi = torch.where(above, lo, mid), torch.where(above, mid, hi)
-    upper = torch.where(excess(torch.exp(-logp)) <= 0, torch.exp(-logp), torch.exp(lo))
-    upper = upper.masked_fill(underflow, math.inf)
-    nan = torch.isnan(logp)  # comparisons above treat NaN as False; propagate it explicitly
-    return lower.masked_fill(nan, math.nan), upper.masked_fill(nan, math.nan)

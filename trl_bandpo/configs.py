@@ -94,9 +94,9 @@ class PolicyLossConfig(GRPOConfig):
                 f"'grpo', 'bnpo', 'dr_grpo', 'dapo'."
             )
         self._check_hyperparameters()
+        bound_kwargs, loss_kwargs = spec.kwargs_from_config(self)  # every field the selected loss reads, checked
         # Cross-field checks of the selected loss, where training will run (e.g. band_solver="triton").
         if spec.check is not None:
-            bound_kwargs, loss_kwargs = spec.kwargs_from_config(self)
             labels = {hp.name: hp.field for hp in spec.hyperparameters if hp.field is not None}
             device = "cpu" if self.use_cpu or not _cuda_available() else "cuda"
             spec.check({**bound_kwargs, **loss_kwargs}, labels, device)
@@ -112,6 +112,8 @@ class PolicyLossConfig(GRPOConfig):
     def _check_hyperparameters(self):
         """Check (and normalise) every field the registered losses read, whichever loss is selected."""
         for hp in _registry_hyperparameters():
+            if not hasattr(self, hp.field):
+                continue  # a run-time loss whose field lives in a config subclass: checked when selected
             value = getattr(self, hp.field)
             if value is None and hp.fallback_field is not None:
                 continue  # TRL reads the fallback field (checked under its own name)

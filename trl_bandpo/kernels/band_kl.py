@@ -25,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..band import KL_NEWTON_STEPS, compute_dtype_for, validate_band_args
+from ..band import compute_dtype_for, validate_band_args
+from ..band_solvers import KL_NEWTON_STEPS
 from .runtime import interpreter_enabled
 
 __all__ = ["band_bounds_kl_triton"]

@@ -44,7 +44,8 @@ from typing import Optional
 
 import torch
 
-from ..band import KL_NEWTON_STEPS, band_bounds, validate_band_args
+from ..band import band_bounds, validate_band_args
+from ..band_solvers import KL_NEWTON_STEPS
 from ..losses import clipped_surrogate_loss
 from .runtime import triton_unavailable_reason
 
