@@ -1,8 +1,8 @@
-"""Tests of the Band operator (`trl_bandpo.band.band_bounds`, SPEC §1).
+"""Tests of the Band operator (`trl_bandpo.band.band_bounds`, docs/band-operator.md).
 
 Every expected value is computed here, independently of the code under test: an mpmath reference solver of the
 scalar equation `g_f(p, r) = p f(r) + (1 - p) f((1 - r p)/(1 - p)) = delta` (bracketed root finding at 50 digits, in log space),
-the closed forms of TV and chi-square, and the literal numbers of SPEC §1's reference table.
+the closed forms of TV and chi-square, and the literal numbers of the reference table in docs/band-operator.md.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ REF_GENERATORS = {
     "tv": _f_tv,
     "chi2": _f_chi2,
 }
-# lim_{u -> inf} f(u)/u: the weight of the rest of the mass in g_f as p -> 1 (KL: lower -> e^-delta, SPEC §1)
+# lim_{u -> inf} f(u)/u: the weight of the rest of the mass in g_f as p -> 1 (KL: lower -> e^-delta, BandPO Appendix 9.3)
 REF_SLOPE_AT_INF = {
     "kl": MP.mpf(1),
     "hellinger": MP.mpf(1),
@@ -185,7 +185,7 @@ def ref_lower_at_p1(radius: float, divergence: str):
 
 
 def _tol(dtype):
-    """SPEC §1 accuracy target: |bound - exact| <= tol * max(1, exact)."""
+    """Accuracy target (docs/band-operator.md): |bound - exact| <= tol * max(1, exact)."""
     return 1e-6 if dtype == torch.float64 else 2e-6
 
 
@@ -251,7 +251,7 @@ def test_reference_root_finders_agree():
 
 
 def test_reference_reproduces_spec_table():
-    """Sanity check of the reference solver itself against SPEC §1's table (KL, delta = 0.05)."""
+    """Sanity check of the reference solver itself against the reference table of docs/band-operator.md (KL, delta = 0.05)."""
     for p, lower, upper in KL_TABLE:
         exact_lo, exact_up = ref_bounds(math.log(p), 0.05, "kl")
         if lower is not None:
@@ -306,10 +306,10 @@ def test_generic_saturation_matches_reference(divergence):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# SPEC §1 reference values
+# Reference values (docs/band-operator.md)
 # --------------------------------------------------------------------------------------------------------------
 
-# (p, lower, upper) for KL, delta = 0.05, exactly the digits SPEC §1 shows. lower at p = 1e-4 is ~2.6e-218.
+# (p, lower, upper) for KL, delta = 0.05, exactly the digits docs/band-operator.md shows. lower at p = 1e-4 is ~2.6e-218.
 KL_TABLE = [
     (1e-4, None, "494.6038824"),
     (0.01, "0.002497385719", "7.809846290"),
@@ -625,7 +625,7 @@ def test_hypothesis_cap_and_relax_algebra(logps, radius, div, cap, relax, f32):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# upper_max and relax at the SPEC's thresholds
+# upper_max and relax at the thresholds of docs/band-operator.md
 # --------------------------------------------------------------------------------------------------------------
 
 

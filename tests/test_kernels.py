@@ -6,7 +6,7 @@ Every comparison runs on two backends (the `kernel_run` fixture):
   kernels), so ONE subprocess (this file run as a script) computes the kernel's outputs for all cases and saves them;
   the mpmath reference is computed here meanwhile.
 - "cuda" (`gpu` marker): the compiled kernel, in this process.
-Outputs are checked against (a) an independent mpmath root of the binary-KL equation (SPEC §1 accuracy
+Outputs are checked against (a) an independent mpmath root of the binary-KL equation (docs/band-operator.md accuracy
 targets: `2e-6 * max(1, r)` for float32 compute, `1e-6 * max(1, r)` for float64) and (b) the torch solver
 `band_bounds(..., solver="torch")`. GPU-only tests below cover `torch.compile`, CUDA-graph capture and int64 indexing.
 """
@@ -25,7 +25,7 @@ DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, 
 CONFIGS = {"plain": (None, None), "cap": (10.0, None), "relax": (None, (0.2, 0.28)), "cap+relax": (10.0, (0.2, 0.28))}
 SPECIALS = [0.0, -0.0, 1e-3, 5.0, math.inf, -1e-45, -1e-30, -1e-12, -1e-7, -50.0, -87.0, -88.0, -100.0, -103.0]
 SPECIALS += [-104.0, -200.0, -745.0, -746.0, -1e30, -math.inf, math.nan]
-TOL = {torch.float32: 2e-6, torch.float64: 1e-6}  # SPEC §1, relative to max(1, r), by compute dtype
+TOL = {torch.float32: 2e-6, torch.float64: 1e-6}  # docs/band-operator.md, relative to max(1, r), by compute dtype
 
 
 def _compute_dtype(dtype):
@@ -33,7 +33,7 @@ def _compute_dtype(dtype):
 
 
 def _accuracy_logps(n_small: int, n_large: int) -> torch.Tensor:
-    """Sorted log p over the SPEC accuracy domain: p log-spaced in [1e-8, 0.5], 1 - p log-spaced in [1e-7, 0.5]."""
+    """Sorted log p over the accuracy domain of docs/band-operator.md: p log-spaced in [1e-8, 0.5], 1 - p log-spaced in [1e-7, 0.5]."""
     small_p = torch.logspace(-8, math.log10(0.5), n_small, dtype=torch.float64)
     one_minus_p = torch.logspace(-7, math.log10(0.5), n_large, dtype=torch.float64)
     return torch.cat([small_p.log(), torch.log1p(-one_minus_p)]).sort().values
@@ -127,7 +127,7 @@ def _worker(cases_path: str, out_path: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Independent reference: bracketed Newton on log r in mpmath (30 digits), straight from SPEC §1's equation.
+# Independent reference: bracketed Newton on log r in mpmath (30 digits), straight from the scalar constraint in docs/band-operator.md.
 
 
 def _mp_bounds(logp: float, radius: float) -> tuple[float, float]:
@@ -312,7 +312,7 @@ def test_monotone_in_p(kernel_run, cases, name):
 
 
 def test_reference_matches_spec_table():
-    """The mpmath reference reproduces SPEC §1's table (KL, delta = 0.05), so it can judge the kernel."""
+    """The mpmath reference reproduces the reference table of docs/band-operator.md (KL, delta = 0.05), so it can judge the kernel."""
     table = {0.01: (0.002497385719, 7.809846290), 0.2: (0.4759413514, 1.717678517), 0.999: (0.9473993120, 1.001001001)}
     for p, (lower, upper) in table.items():
         got = _mp_bounds(math.log(p), 0.05)

@@ -1,6 +1,6 @@
-"""Tests of `trl_bandpo.losses` against formulas written out here from SPEC §1–§3 (never the module's helpers).
+"""Tests of `trl_bandpo.losses` against formulas written out here from docs/band-operator.md and docs/policy-losses.md (never the module's helpers).
 
-Notation (SPEC): `p = exp(old_logp)`, `r = pi / p`, advantage `A`; the gradient weight `w` is the coefficient on
+Notation (docs/policy-losses.md): `p = exp(old_logp)`, `r = pi / p`, advantage `A`; the gradient weight `w` is the coefficient on
 `grad log pi`, so `w = -(d loss / d logps) / A`.
 """
 
@@ -17,7 +17,7 @@ from trl_bandpo.losses import POLICY_LOSSES, policy_loss, policy_loss_fn
 F64 = torch.float64
 CLIPPED = ("clip", "band", "relaxed_band", "dcpo")
 
-# SPEC §1 reference table, KL, delta = 0.05: p -> (lower, upper). None of these hits the upper_max = 10 cap.
+# Reference table of docs/band-operator.md, KL, delta = 0.05: p -> (lower, upper). None of these hits the upper_max = 10 cap.
 BAND_KL_005 = {
     0.08: (0.2616958435, 2.410553794),
     0.2: (0.4759413514, 1.717678517),
@@ -36,7 +36,7 @@ AS = (1.0, -1.0, 0.37, -2.5)
 
 
 def expected_bounds(name, p, hp):
-    """(lower, upper) the SPEC assigns to `name` at old probability `p`."""
+    """(lower, upper) docs/policy-losses.md assigns to `name` at old probability `p`."""
     if name == "band":
         return BAND_KL_005[p]
     if name == "relaxed_band":  # union with the Clip-Higher interval [1 - 0.2, 1 + 0.28]
@@ -61,7 +61,7 @@ def region(r, a, lo, hi):
 
 
 def expected_weight(name, r, a, lo, hi, hp):
-    """SPEC §2/§3 gradient weight on grad log pi."""
+    """Gradient weight (docs/policy-losses.md) on grad log pi."""
     reg = region(r, a, lo, hi)
     if name in CLIPPED:
         if reg in ("LN", "HP"):
@@ -101,7 +101,7 @@ def trl_clip_value(r, a, lo, hi, delta=None):
 
 
 def dgpo_surrogate_value(pi, p, a, lo, hi, n, m):
-    """SPEC §2 surrogate R evaluated from pi and p (forward value, sg is the identity there); loss = -A R."""
+    """DGPO's surrogate R (docs/policy-losses.md) evaluated from pi and p (forward value, sg is the identity there); loss = -A R."""
     r = pi / p
     if a < 0 and r < lo:
         big_r = pi * pi**n / (p ** (n + 1) * lo**n)
@@ -117,7 +117,7 @@ def expected_value(name, r, a, lo, hi, hp, pi, p):
         return trl_clip_value(r, a, lo, hi, hp.get("delta"))
     if name == "dgpo":
         return dgpo_surrogate_value(pi, p, a, lo, hi, hp.get("n", 1), hp.get("m", 2.0))
-    # GPPO: SPEC §3 says the forward value equals clip's; CE-GPPO and ASPO keep it too (losses.py's documented choice).
+    # GPPO: the forward value equals clip's (docs/policy-losses.md); CE-GPPO and ASPO keep it too (losses.py's documented choice).
     return trl_clip_value(r, a, lo, hi)
 
 
@@ -191,7 +191,7 @@ def test_gradient_weight_and_value_per_region(name, hp):
         ],
         dtype=F64,
     )
-    # Band bounds are exact to 1e-6 relative (SPEC accuracy target); DCPO's bounds are computed in float32 even
+    # Band bounds are exact to 1e-6 relative (the accuracy target of docs/band-operator.md); DCPO's bounds are computed in float32 even
     # for float64 input (losses.dcpo_bounds); everything else is float64 arithmetic.
     tol = {"band": 2e-6, "relaxed_band": 2e-6, "dcpo": 1e-6}.get(name, 1e-10)
     torch.testing.assert_close(w, exp_w, rtol=tol, atol=tol)
@@ -288,7 +288,7 @@ def _dgpo_at(r, a, **hp):
 
 
 def test_dgpo_spec_expected_weights():
-    # SPEC §2, n = 1, m = 2, eps = 0.2 / 0.2
+    # DGPO's checked values (docs/policy-losses.md), n = 1, m = 2, eps = 0.2 / 0.2
     _, w = _dgpo_at([1.5, 4.0, 0.3, 0.7, 4.0], [1.0, 1.0, -1.0, -1.0, -1.0])
     torch.testing.assert_close(w, torch.tensor([1.3416, 2.1909, 0.1125, 0.6125, 4.0], dtype=F64), rtol=0, atol=5e-5)
     torch.testing.assert_close(
@@ -334,7 +334,7 @@ def test_dgpo_continuity_at_boundaries(n, m, eps_low, eps_high):
 
 @pytest.mark.parametrize("n,m", [(1, 2.0), (2, 2.0), (1, 1.0), (3, 1.5)])
 def test_dgpo_matches_spec_surrogate_under_autograd(n, m):
-    """Build SPEC's surrogates R (with sg = detach) from pi and p, differentiate them with autograd: same value and
+    """Build DGPO's surrogates R (with sg = detach) from pi and p, differentiate them with autograd: same value and
     gradient as the module."""
     eps_low, eps_high = 0.2, 0.28
     g = torch.Generator().manual_seed(1)

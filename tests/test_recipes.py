@@ -1,5 +1,5 @@
-"""Every recipe parses through `trl_bandpo.train`'s parser, matches its paper's settings and batch mapping, and says
-how to launch it; every accelerate config loads; misspelled keys fail loudly."""
+"""Every recipe parses through `trl_bandpo.cli.recipe`'s parser, matches its paper's settings and batch mapping, and
+says how to launch it; every accelerate config loads; misspelled keys fail loudly."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_bandpo.train import ConfigError, main, make_parser, parse_args, trainer_class_for
+from trl_bandpo.cli.recipe import ConfigError, make_parser, parse_args
+from trl_bandpo.cli.train import main, trainer_class_for
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -132,7 +133,8 @@ def test_recipe_parses_and_matches_its_paper(path):
     policy_loss, loss_type = METHODS[method]
     assert args.policy_loss == policy_loss
     assert args.loss_type == (loss_type or DEFAULT_LOSS_TYPE[folder])
-    assert trainer_class_for(args.policy_loss).__name__ == ("DGPOTrainer" if policy_loss == "dgpo" else "BandPOTrainer")
+    expected_trainer = "DGPOTrainer" if policy_loss == "dgpo" else "BandPOTrainer"
+    assert trainer_class_for(args.policy_loss).__name__ == expected_trainer
     if method.startswith(("band-kl-", "relaxed-band-kl-")):
         assert args.band_divergence == "kl"
         assert args.band_radius == float(method.rsplit("-", 1)[1])

@@ -107,7 +107,7 @@ def test_dgpo_trains_and_logs_region_metrics(dgpo_run):
     for entry in steps:
         fractions = sum(entry[f"dgpo/frac_{r}"] for r in ("LN", "HP", "LP", "HN"))
         assert 0.0 <= fractions <= 1.0
-        # SPEC §2: LN weights r^(n+1)/(1-eps)^n < 1 - eps; HP weights (1+eps)^(1/m) r^((m-1)/m) > 1 + eps
+        # docs/policy-losses.md: LN weights r^(n+1)/(1-eps)^n < 1 - eps; HP weights (1+eps)^(1/m) r^((m-1)/m) > 1 + eps
         if entry.get("dgpo/weight_LN_mean") is not None:
             assert 0.0 < entry["dgpo/weight_LN_mean"] < 0.8
         if entry.get("dgpo/weight_HP_mean") is not None:
