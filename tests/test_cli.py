@@ -8,10 +8,10 @@ import pytest
 from trl_bandpo.cli import main
 
 
-def test_bounds_table_prints_spec_values(capsys):
+def test_bounds_table_prints_reference_values(capsys):
     main(["bounds", "--divergence", "kl", "--radius", "0.05", "--p", "0.08", "0.5"])
     out = capsys.readouterr().out
-    # SPEC §1 reference values, KL delta = 0.05
+    # KL Band, delta = 0.05: the reference values of tests/test_band.py
     assert "| 0.08 | 0.2616958435 | 2.410553794 |" in out
     assert "| 0.5 | 0.6915156698 | 1.30848433 |" in out
 

@@ -7,9 +7,9 @@ from itertools import combinations, pairwise
 import pytest
 
 from trl_bandpo import evaluation
+from trl_bandpo.cli.eval import eval_main
 from trl_bandpo.evaluation import (
     default_ks,
-    eval_main,
     evaluate,
     mean_accuracy,
     pass_at_k,

@@ -1,7 +1,7 @@
 """End-to-end runs of the training entry point on a tiny local model and a tiny local JSONL dataset.
 
 In-process `main([...])` runs (one process, seconds) and one 2-process DeepSpeed ZeRO-3 run through
-`accelerate launch -m trl_bandpo.train` on CPU, with `accelerate_configs/zero3.yaml` adapted for CPU.
+`accelerate launch -m trl_bandpo.cli.train` on CPU, with `accelerate_configs/zero3.yaml` adapted for CPU.
 
 The batch mapping mirrors the paper recipes at toy scale: 4 prompts x 4 samples = 16 completions per generation,
 2 prompts x 4 = 8 completions per optimizer step, so 2 optimizer steps per generation (the second off-policy).
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_bandpo import train
+from trl_bandpo.cli import train
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATE = Path(sys.executable).with_name("accelerate")
@@ -149,7 +149,7 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_accelerate_launch_two_process_zero3_cpu(tmp_path, tiny_model_dir):
-    """`accelerate launch --config_file <zero3 for CPU> -m trl_bandpo.train --config recipe.yaml` with 2 processes."""
+    """`accelerate launch --config_file <zero3 for CPU> -m trl_bandpo.cli.train --config recipe.yaml`, 2 processes."""
     config = yaml.safe_load((ROOT / "accelerate_configs" / "zero3.yaml").read_text())
     config.update(use_cpu=True, mixed_precision="no", num_processes=2)
     accelerate_config = tmp_path / "zero3_cpu.yaml"
@@ -159,8 +159,8 @@ def test_accelerate_launch_two_process_zero3_cpu(tmp_path, tiny_model_dir):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("HF_DATASETS_OFFLINE", "1")
-    command = [str(ACCELERATE), "launch", "--config_file", str(accelerate_config),
-               "--main_process_port", str(_free_port()), "-m", "trl_bandpo.train", "--config", str(recipe)]  # fmt: skip
+    command = [str(ACCELERATE), "launch", "--config_file", str(accelerate_config), "--main_process_port",
+               str(_free_port()), "-m", "trl_bandpo.cli.train", "--config", str(recipe)]  # fmt: skip
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]

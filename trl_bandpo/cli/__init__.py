@@ -1,0 +1,49 @@
+"""The `trl-bandpo` command: `demo` (the offline CPU demo), `bounds` (a Band bounds table), `train`, `eval`.
+
+Each subcommand lives in its own module (`bounds`, `train`, `eval`; the demo is `trl_bandpo.demo.main`) and is
+imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+__all__ = ["USAGE", "main"]
+
+USAGE = """trl-bandpo <command> [options]
+
+commands:
+  demo     train GRPO, Clip-Higher, BandPO and DGPO on a tiny offline task and plot the comparison
+  bounds   print the Band ratio bounds for a divergence and radius
+  train    train from a YAML recipe (TRL's TrlParser; see recipes/)
+  eval     mean@k and pass@k on math benchmarks
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Dispatch ``trl-bandpo <command> [options]`` (default `sys.argv[1:]`); an unknown command exits with status 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return
+    command, rest = argv[0], argv[1:]
+    if command == "bounds":
+        from .bounds import bounds_main
+
+        bounds_main(rest)
+    elif command == "demo":
+        from ..demo import main as demo_main
+
+        demo_main(rest)
+    elif command == "train":
+        from .train import main as train_main
+
+        train_main(rest)
+    elif command == "eval":
+        from .eval import eval_main
+
+        eval_main(rest)
+    else:
+        print(f"trl-bandpo: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        sys.exit(2)

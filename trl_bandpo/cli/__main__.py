@@ -1,0 +1,5 @@
+"""`python -m trl_bandpo.cli` = the `trl-bandpo` command."""
+
+from . import main
+
+main()

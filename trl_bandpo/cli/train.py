@@ -1,0 +1,210 @@
+r"""Training entry point: one recipe (YAML) + command-line overrides -> a BandPO / DGPO / baseline run.
+
+Usage (see `recipes/README.md` for the recipes and how their batch sizes map onto the papers')::
+
+    accelerate launch --config_file accelerate_configs/zero3.yaml --num_processes 8 \
+        -m trl_bandpo.cli.train --config recipes/bandpo/qwen2.5-3b-instruct_band-kl-0.05.yaml [--field value ...]
+    trl-bandpo train --config recipes/lora/qwen2.5-0.5b-instruct_band-kl-0.05.yaml --max_steps 20
+    python -m trl_bandpo.cli.train --help
+
+Every recipe key is a field of [`~trl_bandpo.cli.recipe.ScriptArguments`] (data, reward),
+[`trl_bandpo.PolicyLossConfig`] (every `trl.GRPOConfig` field plus `policy_loss`, `band_*`, `dgpo_*`, `ce_gppo_*`,
+`aspo_*`) or `trl.ModelConfig` (model, dtype, LoRA, 4/8-bit loading); `trl_bandpo.cli.recipe` parses them. The trainer
+class follows `policy_loss`: `DGPOTrainer` for `"dgpo"`, `BandPOTrainer` otherwise; both run every policy loss, the
+class only sets the model-card tags.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from trl import ModelConfig
+
+from ..configs import PolicyLossConfig
+from ..data import TRAINING_MIXES
+from .recipe import REWARDS, ConfigError, ScriptArguments, make_parser, parse_args
+
+__all__ = [
+    "REWARDS",
+    "ConfigError",
+    "ScriptArguments",
+    "build_reward",
+    "describe_run",
+    "load_eval_data",
+    "load_train_data",
+    "main",
+    "make_parser",
+    "parse_args",
+    "run",
+    "trainer_class_for",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def trainer_class_for(policy_loss: str):
+    """`DGPOTrainer` for ``"dgpo"``, `BandPOTrainer` for every other policy loss (the class only sets tags)."""
+    from ..trainer import BandPOTrainer, DGPOTrainer
+
+    return DGPOTrainer if policy_loss == "dgpo" else BandPOTrainer
+
+
+def build_reward(script_args: ScriptArguments):
+    """The `math_verify` reward on the last ``\\boxed{}`` answer chosen by `script_args.reward`."""
+    from ..rewards import math_verify_reward
+
+    correct, wrong, name = REWARDS[script_args.reward]
+    return math_verify_reward(
+        correct=correct,
+        wrong=wrong,
+        timeout_s=float(script_args.reward_timeout),
+        name=name,
+        num_workers=script_args.reward_num_workers,
+    )
+
+
+def _expand_names(names: Sequence[str]) -> list[str]:
+    out = []
+    for name in names:
+        mix = TRAINING_MIXES.get(name.strip().lower()) if not os.path.exists(name) else None
+        out.extend(mix if mix else [name])
+    return out
+
+
+def load_train_data(script_args: ScriptArguments):
+    """The training set: every entry of `dataset_name` (mixes expanded) loaded and concatenated."""
+    import datasets
+
+    from ..data import load_math_dataset
+
+    parts = []
+    for name in _expand_names(script_args.dataset_name):
+        local = os.path.exists(name)
+        parts.append(
+            load_math_dataset(
+                name,
+                split=script_args.dataset_split if local else None,
+                problem_field=script_args.problem_field if local else None,
+                answer_field=script_args.answer_field if local else None,
+                instruction=script_args.instruction,
+                max_samples=script_args.max_train_samples,
+            )
+        )
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def load_eval_data(script_args: ScriptArguments):
+    """The evaluation benchmarks (dict name -> Dataset), or None when `eval_dataset_name` is unset."""
+    if not script_args.eval_dataset_name:
+        return None
+    from ..data import load_eval_benchmarks
+
+    benchmarks = {}
+    for entry in script_args.eval_dataset_name:
+        local = os.path.exists(entry) or ("=" in entry and os.path.exists(entry.partition("=")[2].strip()))
+        benchmarks.update(
+            load_eval_benchmarks(
+                [entry],
+                max_problems=script_args.max_eval_samples,
+                instruction=script_args.instruction,
+                problem_field=script_args.problem_field if local else None,
+                answer_field=script_args.answer_field if local else None,
+            )
+        )
+    return benchmarks
+
+
+def _model_init_kwargs(model_args: ModelConfig, training_args: PolicyLossConfig) -> dict:
+    kwargs = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": training_args.trust_remote_code,
+        "attn_implementation": model_args.attn_implementation,
+        "dtype": model_args.dtype,
+    }
+    kwargs = {key: value for key, value in kwargs.items() if value is not None}
+    if training_args.model_init_kwargs:
+        kwargs.update(training_args.model_init_kwargs)
+    return kwargs
+
+
+def describe_run(trainer) -> str:
+    """One line: trainer, policy loss, parallelism and the batch mapping actually in effect (recipes/README.md)."""
+    args, accelerator = trainer.args, trainer.accelerator
+    processes = accelerator.num_processes
+    parallel = str(accelerator.distributed_type).split(".")[-1]
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None:
+        parallel += f" ZeRO-{plugin.zero_stage}"
+    per_update = args.per_device_train_batch_size * processes * args.gradient_accumulation_steps
+    generation = args.generation_batch_size
+    return (
+        f"trl-bandpo: {type(trainer).__name__}, policy_loss={args.policy_loss}, loss_type={args.loss_type} | "
+        f"{processes} process(es), {parallel} | {generation} completions per generation "
+        f"({generation // args.num_generations} prompts x {args.num_generations}), {per_update} per optimizer step "
+        f"({args.per_device_train_batch_size} per device x {processes} x {args.gradient_accumulation_steps} "
+        f"accumulation), {generation // per_update if per_update else '?'} optimizer step(s) per generation x "
+        f"{args.num_iterations} iteration(s) | max_steps={args.max_steps}"
+    )
+
+
+def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_args: ModelConfig):
+    """Build the datasets, reward and trainer, train, save; returns the trainer (process group still alive)."""
+    import transformers
+    from trl import get_peft_config, get_quantization_config
+
+    log_level = training_args.get_process_log_level()
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=log_level)
+    logger.setLevel(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+
+    training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
+
+    with training_args.main_process_first(desc="loading datasets"):
+        train_dataset = load_train_data(script_args)
+        eval_dataset = load_eval_data(script_args) if training_args.eval_strategy != "no" else None
+    if script_args.eval_dataset_name and eval_dataset is None:
+        logger.warning("eval_dataset_name is set but eval_strategy is 'no': no evaluation during training.")
+
+    trainer_cls = trainer_class_for(training_args.policy_loss)
+    logger.info(
+        "%s: policy_loss=%s, loss_type=%s, %d training problems, model %s",
+        trainer_cls.__name__, training_args.policy_loss, training_args.loss_type, len(train_dataset),
+        model_args.model_name_or_path,
+    )  # fmt: skip
+    trainer = trainer_cls(
+        model=model_args.model_name_or_path,
+        reward_funcs=[build_reward(script_args)],
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        quantization_config=get_quantization_config(model_args),
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.accelerator.print(describe_run(trainer))
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.save_model(training_args.output_dir)
+    trainer.save_state()  # trainer_state.json (log history) next to the model
+    trainer.accelerator.print(f"Model and trainer state saved to {training_args.output_dir}.")
+    if training_args.push_to_hub:
+        trainer.push_to_hub(dataset_name=",".join(script_args.dataset_name))
+    return trainer
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` (default `sys.argv[1:]`), train, and return 0. Configuration errors exit with status 2."""
+    try:
+        script_args, training_args, model_args = parse_args(argv)
+    except ConfigError as err:
+        print(f"trl-bandpo train: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    trainer = run(script_args, training_args, model_args)
+    if hasattr(trainer, "end"):  # transformers >= 5.18: finish trackers, destroy the process group
+        trainer.end()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
