@@ -6,7 +6,8 @@
 
 Methods (all on the same float old log-probs, delta = --radius, no cap unless --upper-max):
 - authors-bisection: plain vectorised torch bisection on the binary-KL equation, <= 50 iterations per bound, early
-  exit when the host-synced `(hi - lo).max().item() <= 1e-6` (the BandPO authors' approach, their Appendix 9.6; written here).
+  exit when the host-synced `(hi - lo).max().item() <= 1e-6` (the BandPO authors' approach, their Appendix 9.6;
+  written here).
 - torch-solver: `band_bounds(..., solver="torch")` (safeguarded Newton, no host sync).
 - triton-kernel (CUDA only): `band_bounds(..., solver="triton")`.
 - copy: `dst.copy_(src)` of 1.5 N float32, i.e. the kernel's 12 bytes per token read + written (fp32): the floor.

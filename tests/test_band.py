@@ -1,8 +1,9 @@
 """Tests of the Band operator (`trl_bandpo.band.band_bounds`, docs/band-operator.md).
 
 Every expected value is computed here, independently of the code under test: an mpmath reference solver of the
-scalar equation `g_f(p, r) = p f(r) + (1 - p) f((1 - r p)/(1 - p)) = delta` (bracketed root finding at 50 digits, in log space),
-the closed forms of TV and chi-square, and the literal numbers of the reference table in docs/band-operator.md.
+scalar equation `g_f(p, r) = p f(r) + (1 - p) f((1 - r p)/(1 - p)) = delta` (bracketed root finding at 50 digits,
+in log space), the closed forms of TV and chi-square, and the literal numbers of the reference table in
+docs/band-operator.md.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ REF_GENERATORS = {
     "tv": _f_tv,
     "chi2": _f_chi2,
 }
-# lim_{u -> inf} f(u)/u: the weight of the rest of the mass in g_f as p -> 1 (KL: lower -> e^-delta, BandPO Appendix 9.3)
+# lim_{u -> inf} f(u)/u: the weight of the rest of the mass in g_f as p -> 1
+# (KL: lower -> e^-delta, BandPO Appendix 9.3)
 REF_SLOPE_AT_INF = {
     "kl": MP.mpf(1),
     "hellinger": MP.mpf(1),
@@ -116,7 +118,7 @@ def _illinois(fn, lo, hi, done, max_iter=400):
     return (lo + hi) / 2
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ref_bounds(logp: float, radius: float, divergence: str, root_finder=_illinois):
     """Exact `(lower, upper)` (mpf) for the exact float `logp` (p < 1) the solver receives."""
     f = REF_GENERATORS[divergence]
@@ -173,7 +175,7 @@ def ref_bounds(logp: float, radius: float, divergence: str, root_finder=_illinoi
     return lower, upper
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ref_lower_at_p1(radius: float, divergence: str):
     """lim_{p -> 1} lower(p): the root of f(r) + (1 - r) lim f(u)/u = delta in [0, 1]."""
     f, slope, delta = REF_GENERATORS[divergence], REF_SLOPE_AT_INF[divergence], MP.mpf(radius)
@@ -251,7 +253,7 @@ def test_reference_root_finders_agree():
 
 
 def test_reference_reproduces_spec_table():
-    """Sanity check of the reference solver itself against the reference table of docs/band-operator.md (KL, delta = 0.05)."""
+    """Sanity check of the reference solver itself against the table of docs/band-operator.md (KL, delta = 0.05)."""
     for p, lower, upper in KL_TABLE:
         exact_lo, exact_up = ref_bounds(math.log(p), 0.05, "kl")
         if lower is not None:
@@ -287,7 +289,8 @@ def test_generic_saturation_matches_reference(divergence):
     """Generic generators with finite f(0) do saturate: around the thresholds on both sides, against mpmath."""
     radius = 0.05
     # thresholds in closed form (derived from g_f(p, 0) and g_f(p, 1/p)):
-    #   reverse KL: g(p,0) = -log(1-p), g(p,1/p) = -log p;  Hellinger: g(p,0) = 2 - 2 sqrt(1-p), g(p,1/p) = 2 - 2 sqrt(p)
+    #   reverse KL: g(p,0) = -log(1-p), g(p,1/p) = -log p
+    #   Hellinger: g(p,0) = 2 - 2 sqrt(1-p), g(p,1/p) = 2 - 2 sqrt(p)
     lower_threshold = {"reverse_kl": 1 - math.exp(-radius), "hellinger": 1 - (1 - radius / 2) ** 2}
     upper_threshold = {"reverse_kl": math.exp(-radius), "hellinger": (1 - radius / 2) ** 2}
     if divergence in lower_threshold:
@@ -295,7 +298,8 @@ def test_generic_saturation_matches_reference(divergence):
         logps = [math.log(lt * 0.999), math.log(lt * 1.001), math.log(ut * 0.999), math.log(ut * 1.001)]
         lower, upper = band_bounds(torch.tensor(logps, dtype=torch.float64), radius, divergence)
         assert lower[0] == 0 and lower[1] > 0
-        assert upper[2] < math.exp(-logps[2]) * (1 - 1e-6) and upper[3] == pytest.approx(math.exp(-logps[3]), rel=1e-12)
+        assert upper[2] < math.exp(-logps[2]) * (1 - 1e-6)
+        assert upper[3] == pytest.approx(math.exp(-logps[3]), rel=1e-12)
         _assert_matches_reference(logps, lower, upper, radius, divergence, 1e-6)
     # and the reference agrees about where saturation happens, for every generic generator
     for lp in (math.log(1e-3), math.log(0.04), math.log(0.96), math.log1p(-1e-3)):
@@ -309,7 +313,8 @@ def test_generic_saturation_matches_reference(divergence):
 # Reference values (docs/band-operator.md)
 # --------------------------------------------------------------------------------------------------------------
 
-# (p, lower, upper) for KL, delta = 0.05, exactly the digits docs/band-operator.md shows. lower at p = 1e-4 is ~2.6e-218.
+# (p, lower, upper) for KL, delta = 0.05, exactly the digits docs/band-operator.md shows.
+# lower at p = 1e-4 is ~2.6e-218.
 KL_TABLE = [
     (1e-4, None, "494.6038824"),
     (0.01, "0.002497385719", "7.809846290"),
@@ -509,7 +514,9 @@ def test_user_callable_kl_matches_builtin(radius):
     assert bool(((up_c - up).abs() <= 1e-9 * scale).all()), float(((up_c - up).abs() / scale).max())
 
 
-@pytest.mark.parametrize("divergence, generator", [("tv", lambda u: 0.5 * torch.abs(u - 1)), ("chi2", lambda u: (u - 1) ** 2)])
+@pytest.mark.parametrize(
+    "divergence, generator", [("tv", lambda u: 0.5 * torch.abs(u - 1)), ("chi2", lambda u: (u - 1) ** 2)]
+)
 def test_user_callable_matches_closed_forms(divergence, generator):
     x = torch.tensor(GRID_COARSE, dtype=torch.float64)
     lo, up = band_bounds(x, 0.05, divergence)

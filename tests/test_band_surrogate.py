@@ -8,12 +8,13 @@ backends (the `kernel_run` fixture):
   the kernel's loss and gradient for all cases and saves them; the references are computed here meanwhile.
 - "cuda" (`gpu` marker): the compiled kernel, in this process.
 
-Inputs: old log-probs over the accuracy domain of docs/band-operator.md (p in [1e-8, 1 - 1e-7], both ends included), current log-probs placed
-relative to the float64 Band bounds so that every region is hit (inside, above the upper bound, below the lower one,
-beyond the dual-clip constant), advantages of both signs per row `(B, 1)` or per token `(B, T)` with zeros, a random
-upstream gradient. Tolerances (see TOL_*): float32 compute agrees to the solvers' ~4e-6 difference in the bounds
-and a few ulps elsewhere; half-precision inputs are compared with the torch path on the same values upcast to
-float32 (the kernel's precision, docs/band-operator.md) to the output's rounding, and loosely with the torch path in half precision.
+Inputs: old log-probs over the accuracy domain of docs/band-operator.md (p in [1e-8, 1 - 1e-7], both ends included),
+current log-probs placed relative to the float64 Band bounds so that every region is hit (inside, above the upper
+bound, below the lower one, beyond the dual-clip constant), advantages of both signs per row `(B, 1)` or per token
+`(B, T)` with zeros, a random upstream gradient. Tolerances (see TOL_*): float32 compute agrees to the solvers'
+~4e-6 difference in the bounds and a few ulps elsewhere; half-precision inputs are compared with the torch path on
+the same values upcast to float32 (the kernel's precision, docs/band-operator.md) to the output's rounding, and
+loosely with the torch path in half precision.
 Gradients are compared on tokens whose region cannot flip by those differences (1e-5 relative from a bound in
 float32); at exact ties (`r == upper == delta`, products that round equal, infinite advantages) they must be equal.
 """

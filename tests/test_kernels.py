@@ -33,7 +33,8 @@ def _compute_dtype(dtype):
 
 
 def _accuracy_logps(n_small: int, n_large: int) -> torch.Tensor:
-    """Sorted log p over the accuracy domain of docs/band-operator.md: p log-spaced in [1e-8, 0.5], 1 - p log-spaced in [1e-7, 0.5]."""
+    """Sorted log p over the accuracy domain of docs/band-operator.md: p log-spaced in [1e-8, 0.5], 1 - p
+    log-spaced in [1e-7, 0.5]."""
     small_p = torch.logspace(-8, math.log10(0.5), n_small, dtype=torch.float64)
     one_minus_p = torch.logspace(-7, math.log10(0.5), n_large, dtype=torch.float64)
     return torch.cat([small_p.log(), torch.log1p(-one_minus_p)]).sort().values
@@ -127,7 +128,8 @@ def _worker(cases_path: str, out_path: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Independent reference: bracketed Newton on log r in mpmath (30 digits), straight from the scalar constraint in docs/band-operator.md.
+# Independent reference: bracketed Newton on log r in mpmath (30 digits),
+# straight from the scalar constraint in docs/band-operator.md.
 
 
 def _mp_bounds(logp: float, radius: float) -> tuple[float, float]:
@@ -312,7 +314,7 @@ def test_monotone_in_p(kernel_run, cases, name):
 
 
 def test_reference_matches_spec_table():
-    """The mpmath reference reproduces the reference table of docs/band-operator.md (KL, delta = 0.05), so it can judge the kernel."""
+    """The mpmath reference reproduces the table of docs/band-operator.md (KL, delta = 0.05): it can judge."""
     table = {0.01: (0.002497385719, 7.809846290), 0.2: (0.4759413514, 1.717678517), 0.999: (0.9473993120, 1.001001001)}
     for p, (lower, upper) in table.items():
         got = _mp_bounds(math.log(p), 0.05)

@@ -1,7 +1,8 @@
-"""Tests of `trl_bandpo.losses` against formulas written out here from docs/band-operator.md and docs/policy-losses.md (never the module's helpers).
+"""Tests of `trl_bandpo.losses` against formulas written out here from docs/band-operator.md and
+docs/policy-losses.md (never the module's helpers).
 
-Notation (docs/policy-losses.md): `p = exp(old_logp)`, `r = pi / p`, advantage `A`; the gradient weight `w` is the coefficient on
-`grad log pi`, so `w = -(d loss / d logps) / A`.
+Notation (docs/policy-losses.md): `p = exp(old_logp)`, `r = pi / p`, advantage `A`; the gradient weight `w` is the
+coefficient on `grad log pi`, so `w = -(d loss / d logps) / A`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from trl_bandpo.losses import POLICY_LOSSES, policy_loss, policy_loss_fn
 F64 = torch.float64
 CLIPPED = ("clip", "band", "relaxed_band", "dcpo")
 
-# Reference table of docs/band-operator.md, KL, delta = 0.05: p -> (lower, upper). None of these hits the upper_max = 10 cap.
+# Reference table of docs/band-operator.md, KL, delta = 0.05: p -> (lower, upper).
+# None of these hits the upper_max = 10 cap.
 BAND_KL_005 = {
     0.08: (0.2616958435, 2.410553794),
     0.2: (0.4759413514, 1.717678517),
@@ -26,7 +28,8 @@ BAND_KL_005 = {
     0.95: (0.8957236881, 1.044104122),
 }
 PS = tuple(BAND_KL_005)
-RS = (0.02, 0.2, 0.3, 0.4, 0.55, 0.65, 0.75, 0.85, 0.95, 1.0, 1.05, 1.15, 1.25, 1.4, 1.6, 2.0, 2.7, 3.5, 4.5, 6.0, 12.0)
+RS = (0.02, 0.2, 0.3, 0.4, 0.55, 0.65, 0.75, 0.85, 0.95, 1.0, 1.05, 1.15, 1.25, 1.4, 1.6, 2.0, 2.7, 3.5, 4.5, 6.0)
+RS = (*RS, 12.0)
 AS = (1.0, -1.0, 0.37, -2.5)
 
 
@@ -101,7 +104,8 @@ def trl_clip_value(r, a, lo, hi, delta=None):
 
 
 def dgpo_surrogate_value(pi, p, a, lo, hi, n, m):
-    """DGPO's surrogate R (docs/policy-losses.md) evaluated from pi and p (forward value, sg is the identity there); loss = -A R."""
+    """DGPO's surrogate R (docs/policy-losses.md) evaluated from pi and p (forward value, sg is the identity
+    there); loss = -A R."""
     r = pi / p
     if a < 0 and r < lo:
         big_r = pi * pi**n / (p ** (n + 1) * lo**n)
@@ -117,7 +121,8 @@ def expected_value(name, r, a, lo, hi, hp, pi, p):
         return trl_clip_value(r, a, lo, hi, hp.get("delta"))
     if name == "dgpo":
         return dgpo_surrogate_value(pi, p, a, lo, hi, hp.get("n", 1), hp.get("m", 2.0))
-    # GPPO: the forward value equals clip's (docs/policy-losses.md); CE-GPPO and ASPO keep it too (losses.py's documented choice).
+    # GPPO: the forward value equals clip's (docs/policy-losses.md); CE-GPPO and ASPO keep it too (losses.py's
+    # documented choice).
     return trl_clip_value(r, a, lo, hi)
 
 
@@ -191,7 +196,8 @@ def test_gradient_weight_and_value_per_region(name, hp):
         ],
         dtype=F64,
     )
-    # Band bounds are exact to 1e-6 relative (the accuracy target of docs/band-operator.md); DCPO's bounds are computed in float32 even
+    # Band bounds are exact to 1e-6 relative (the accuracy target of docs/band-operator.md); DCPO's bounds are
+    # computed in float32 even
     # for float64 input (losses.dcpo_bounds); everything else is float64 arithmetic.
     tol = {"band": 2e-6, "relaxed_band": 2e-6, "dcpo": 1e-6}.get(name, 1e-10)
     torch.testing.assert_close(w, exp_w, rtol=tol, atol=tol)
