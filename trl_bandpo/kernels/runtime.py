@@ -7,7 +7,6 @@ on CPU tensors through Triton's interpreter (slow: for tests).
 from __future__ import annotations
 
 import os
-import sys
 
 import torch
 
@@ -17,14 +16,8 @@ _TRUE_STRINGS = ("1", "true", "yes", "on", "y")
 
 
 def interpreter_enabled() -> bool:
-    """Whether Triton kernels are interpreted on the CPU in this process.
-
-    Once Triton is imported it decides through its knobs (when it has them); before that (this check never imports
-    Triton itself, which takes seconds), or on versions without knobs, the environment variable decides.
-    """
-    knobs = getattr(sys.modules.get("triton"), "knobs", None)
-    if knobs is not None and hasattr(knobs, "runtime"):
-        return bool(knobs.runtime.interpret)
+    """Whether Triton kernels are interpreted on the CPU in this process: `TRITON_INTERPRET` is set (the variable
+    Triton itself reads). Plain environment access, so `torch.compile` can trace a caller without a graph break."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRUE_STRINGS
 
 
