@@ -8,10 +8,10 @@ from pathlib import Path
 
 from ..evaluation import evaluate, write_markdown
 
-__all__ = ["eval_main"]
+__all__ = ["build_parser", "eval_main"]
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trl-bandpo eval",
         description="Sample completions on math benchmarks and report mean@n and pass@k (math_verify on \\boxed{}).",
@@ -45,7 +45,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def eval_main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``trl-bandpo eval ...``); prints the Markdown table and returns 0."""
-    args = _build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     vllm_kwargs = {
         key: value
         for key, value in (
