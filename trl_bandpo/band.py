@@ -43,6 +43,7 @@ __all__ = [
     "check_relax",
     "check_solver",
     "check_upper_max",
+    "register_divergence",
     "register_kernel_solver",
     "solver_unavailable_reason",
     "validate_band_args",
@@ -74,7 +75,8 @@ def _chi2_generator(u: torch.Tensor) -> torch.Tensor:
     return (u - 1) ** 2
 
 
-#: Convex generators `f(u)` (with `f(1) = 0`) of the divergences `band_bounds` knows by name.
+#: Convex generators `f(u)` (with `f(1) = 0`) of the divergences `band_bounds` knows by name (`register_divergence`
+#: adds more).
 GENERATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "kl": _kl_generator,
     "tv": _tv_generator,
@@ -83,9 +85,16 @@ GENERATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "hellinger": _hellinger_generator,
     "js": _js_generator,
 }
+#: The built-in divergence names.
 DIVERGENCES = tuple(GENERATORS)
 #: Values of `band_bounds(..., solver=...)`: "auto" picks a registered kernel where it can run, else "torch".
 SOLVERS = ("auto", "torch", "triton")
+
+#: Beyond this KL radius every bound is at its simplex limit to float64 precision: the lower root is below
+#: `e^-radius` (docs/band-operator.md, "Solver and error bound"), which underflows to 0, and the upper one is `1/p`.
+#: `band_bounds` solves larger radii with this one, so they cannot overflow the float32 solver into NaN.
+KL_SATURATION_RADIUS = 1e3
+
 
 def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
     """The dtype the bounds are solved and returned in: float64 for float64 input, float32 for every other dtype."""
@@ -155,9 +164,21 @@ def check_divergence(value, label: str = "divergence"):
         return value
     if not isinstance(value, str) or value not in GENERATORS:
         raise ValueError(
-            f"{label} must be one of {list(DIVERGENCES)} or a convex callable f with f(1) = 0, got {value!r}."
+            f"{label} must be one of {list(GENERATORS)} or a convex callable f with f(1) = 0, got {value!r}."
         )
     return value
+
+
+def register_divergence(name: str, generator: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Make a convex generator `f` (elementwise on float64 tensors, `f(1) = 0`) usable by name, e.g. as the
+    config's `band_divergence` (a name, unlike a function, survives checkpointing and multi-process launch).
+    Its bounds are solved by bisection."""
+    if not isinstance(name, str) or not name.isidentifier() or name in GENERATORS:
+        raise ValueError(f"divergence name must be a new identifier (not one of {list(GENERATORS)}), got {name!r}.")
+    if not callable(generator):
+        raise ValueError(f"generator must be callable, got {generator!r}.")
+    _check_generator(generator)
+    GENERATORS[name] = generator
 
 
 def check_solver(value, label: str = "solver") -> str:
@@ -253,6 +274,8 @@ def band_bounds(
     if not torch.is_tensor(old_logps) or not old_logps.is_floating_point():
         raise ValueError(f"old_logps must be a floating-point tensor, got {type(old_logps).__name__}.")
     radius = float(radius)
+    if divergence == "kl":
+        radius = min(radius, KL_SATURATION_RADIUS)  # same bounds to float precision, no overflow in float32
     compute_dtype = compute_dtype_for(old_logps.dtype)
 
     if solver != "torch":

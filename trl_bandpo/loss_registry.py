@@ -60,9 +60,13 @@ def check_epsilon_high(label: str, value: Any) -> float:
 
 
 def check_dual_clip(label: str, value: Any) -> float | None:
-    if value is not None and not _is_real(value):
-        raise ValueError(f"{label} (dual clip) must be None or a number, got {value!r}.")
-    return value
+    """TRL's dual clip `delta`: the ratio of a negative-advantage token is capped at it, so it must exceed 1 (at or
+    below 1 it would cap ratios that are inside the clip interval; 0 or less would zero every such gradient)."""
+    if value is None:
+        return None
+    if not _is_real(value) or not math.isfinite(value) or value <= 1:
+        raise ValueError(f"{label} (dual clip) must be None or a finite number > 1, got {value!r}.")
+    return float(value)
 
 
 def check_power(label: str, value: Any) -> int:
@@ -217,13 +221,45 @@ def policy_loss_fn(name: str) -> PolicyLossSpec:
 
 
 def _split_hyperparameters(name: str, spec: PolicyLossSpec, hyperparameters: dict):
-    allowed = {hp.name for hp in spec.hyperparameters}
-    unknown = set(hyperparameters) - allowed
+    """Unknown keywords are a TypeError; known ones pass the same checks as the config fields they map to."""
+    by_name = {hp.name: hp for hp in spec.hyperparameters}
+    unknown = set(hyperparameters) - set(by_name)
     if unknown:
         raise TypeError(
-            f"policy loss {name!r} got unknown hyperparameters {sorted(unknown)}; allowed: {sorted(allowed)}."
+            f"policy loss {name!r} got unknown hyperparameters {sorted(unknown)}; allowed: {sorted(by_name)}."
         )
-    return spec.split(hyperparameters)
+    return spec.split({key: by_name[key].check(key, value) for key, value in hyperparameters.items()})
+
+
+def _as_advantages(advantages: Any, logps: torch.Tensor) -> torch.Tensor:
+    """Advantages as a floating tensor broadcastable to `logps` (`(B, T)`).
+
+    Python numbers and bools become a scalar tensor, bool/int tensors become floating; a 1-D tensor of length `B`
+    (TRL's own shape) is one advantage per sequence, `(B, 1)`; anything that does not broadcast is an error.
+    """
+    if isinstance(advantages, (bool, int, float)):
+        advantages = torch.tensor(float(advantages), device=logps.device)
+    if not torch.is_tensor(advantages):
+        raise ValueError(f"advantages must be a tensor or a number, got {type(advantages).__name__}.")
+    if not advantages.is_floating_point():
+        advantages = advantages.to(torch.promote_types(logps.dtype, torch.float32))
+    if advantages.dim() == 1 and logps.dim() == 2:
+        if advantages.shape[0] != logps.shape[0]:
+            raise ValueError(
+                f"advantages of shape {tuple(advantages.shape)} must have one value per sequence: logps is "
+                f"{tuple(logps.shape)} (B, T), so give B = {logps.shape[0]} values, or shape (B, 1) or (B, T)."
+            )
+        return advantages.unsqueeze(-1)  # per sequence, never broadcast along T
+    try:
+        shape = torch.broadcast_shapes(advantages.shape, logps.shape)
+    except RuntimeError:
+        shape = None
+    if shape != logps.shape:
+        raise ValueError(
+            f"advantages of shape {tuple(advantages.shape)} do not broadcast to logps {tuple(logps.shape)}: use "
+            f"(B,), (B, 1) or (B, T)."
+        )
+    return advantages
 
 
 def policy_bounds(name: str, old_logps: torch.Tensor, **hyperparameters):
@@ -246,15 +282,22 @@ def policy_loss(
         name: "clip", "band", "relaxed_band", "dcpo", "dgpo", "gppo", "ce_gppo" or "aspo".
         logps (`torch.Tensor` of shape `(B, T)`): current log-probs of the sampled tokens (with gradient).
         old_logps (`torch.Tensor` of shape `(B, T)`): log-probs under the policy that sampled them.
-        advantages (`torch.Tensor` broadcastable to `(B, T)`, e.g. `(B, 1)`).
+        advantages (`torch.Tensor` of shape `(B,)`, `(B, 1)` or `(B, T)`, or a number): `(B,)` is one advantage per
+            sequence (TRL's shape); bools and integers count as numbers.
         **hyperparameters: those of the loss and its bounds: `epsilon_low`, `epsilon_high` (clip family, DGPO and
             the GPPO/ASPO baselines), `delta` (dual clip, clipped family), `radius`, `divergence`, `upper_max`,
-            `solver` (Band), `n`, `m` (DGPO), `beta1`, `beta2` (CE-GPPO), `c_pos`, `c_neg` (ASPO).
+            `solver` (Band), `n`, `m` (DGPO), `beta1`, `beta2` (CE-GPPO), `c_pos`, `c_neg` (ASPO). Each is checked
+            as the config checks its field (docs/policy-losses.md, "Hyper-parameters"); a bad value is a
+            `ValueError` naming it.
 
     Returns:
         `torch.Tensor` of shape `(B, T)`: the loss to minimise per token.
     """
     spec = policy_loss_fn(name)
     bound_kwargs, loss_kwargs = _split_hyperparameters(name, spec, hyperparameters)
+    for label, tensor in (("logps", logps), ("old_logps", old_logps)):
+        if not torch.is_tensor(tensor) or not tensor.is_floating_point():
+            raise ValueError(f"{label} must be a floating-point tensor, got {type(tensor).__name__}.")
+    advantages = _as_advantages(advantages, logps)
     lower, upper = spec.bounds(old_logps, **bound_kwargs)
     return spec.loss(logps - old_logps.detach(), advantages, lower, upper, **loss_kwargs)

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from .band import band_bounds, check_divergence, check_radius, check_solver, check_upper_max, solver_unavailable_reason
+from .band import check_divergence, check_radius, check_solver, check_upper_max, solver_unavailable_reason
+from .loss_bounds import band_policy_bounds, clip_bounds, dcpo_bounds, relaxed_band_bounds
 from .loss_registry import (
     DUAL_CLIP,
     EPSILON_HIGH,
@@ -72,65 +73,32 @@ __all__ = [
     "registered_policy_losses",
     "relaxed_band_bounds",
     "reweighted_surrogate",
+    "safe_exp",
 ]
 
 Bound = float | torch.Tensor
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Bounds: (old_logps, **hyperparameters) -> (lower, upper)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def clip_bounds(old_logps: torch.Tensor, *, epsilon_low: float = 0.2, epsilon_high: float = 0.2):
-    """GRPO / PPO bounds `[1 - epsilon_low, 1 + epsilon_high]` (Clip-Higher: `epsilon_high = 0.28`)."""
-    return 1.0 - epsilon_low, 1.0 + epsilon_high
-
-
-def band_policy_bounds(
-    old_logps: torch.Tensor,
-    *,
-    radius: float = 0.05,
-    divergence: str | Callable = "kl",
-    upper_max: float | None = 10.0,
-    solver: str = "auto",
-):
-    """BandPO bounds (see `trl_bandpo.band.band_bounds`); `upper_max=10` as the BandPO authors trained."""
-    return band_bounds(old_logps, radius, divergence, solver=solver, upper_max=upper_max)
-
-
-def relaxed_band_bounds(
-    old_logps: torch.Tensor,
-    *,
-    radius: float = 0.05,
-    divergence: str | Callable = "kl",
-    upper_max: float | None = 10.0,
-    solver: str = "auto",
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.28,
-):
-    """Relaxed Band (BandPO paper's ablation): the union of the Band and Clip-Higher intervals at every p."""
-    return band_bounds(
-        old_logps, radius, divergence, solver=solver, upper_max=upper_max, relax=(epsilon_low, epsilon_high)
-    )
-
-
-def dcpo_bounds(
-    old_logps: torch.Tensor, *, epsilon_low: float = 0.16, epsilon_high: float = 0.2, upper_max: float = 10.0
-):
-    """DCPO's dynamic bounds: `lower = 1/2 + 1/2 sqrt(max(1 - 4 eps_low / p, 0))`,
-    `upper = min(1/2 + 1/2 sqrt(1 + 4 eps_high / p), upper_max)` (docs/policy-losses.md, "DCPO")."""
-    with torch.no_grad():
-        dtype = torch.float64 if old_logps.dtype == torch.float64 else torch.float32
-        inv_p = torch.exp(-old_logps.detach().to(dtype).clamp(max=0.0))
-        lower = 0.5 + 0.5 * torch.sqrt((1 - 4 * epsilon_low * inv_p).clamp(min=0.0))
-        upper = (0.5 + 0.5 * torch.sqrt(1 + 4 * epsilon_high * inv_p)).clamp(max=upper_max)
-    return lower, upper
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # Losses: (log_ratio, advantages, lower, upper, **hyperparameters) -> per-token loss
 # ----------------------------------------------------------------------------------------------------------------
+
+
+# Largest exponent whose exp is finite, with a margin for rounding, per compute dtype: ratios and weights are capped
+# there, so no token's ratio is inf and no `inf * 0` turns a loss or a gradient into NaN (docs/policy-losses.md,
+# "Numerics").
+RATIO_LOG_MAX = {dtype: math.log(torch.finfo(dtype).max) - 0.01 for dtype in (torch.float32, torch.float64)}
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """`x` in float32 or wider: a half-precision ratio overflows at log-ratio 11.1 (fp16) and rounds the bounds."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def safe_exp(log_x: torch.Tensor) -> torch.Tensor:
+    """`exp(log_x)` in float32 or wider, capped at the dtype's largest finite value (differentiable below the cap)."""
+    log_x = _upcast(log_x)
+    return torch.exp(log_x.clamp(max=RATIO_LOG_MAX[log_x.dtype]))
 
 
 def _clamp(x: torch.Tensor, lower: Bound, upper: Bound) -> torch.Tensor:
@@ -144,8 +112,9 @@ def clipped_surrogate_loss(
     log_ratio: torch.Tensor, advantages: torch.Tensor, lower: Bound, upper: Bound, *, delta: float | None = None
 ) -> torch.Tensor:
     """PPO's pessimistic clipped surrogate with (per-token) bounds, written exactly as TRL writes it:
-    `-min(min(r, delta) A, clamp(r, lower, upper) A)`. `delta` is the dual-clip constant (TRL's `delta`)."""
-    ratio = torch.exp(log_ratio)
+    `-min(min(r, delta) A, clamp(r, lower, upper) A)`. `delta` is the dual-clip constant (TRL's `delta`).
+    Computed in float32 or wider, with the ratio capped at the largest finite value (`safe_exp`)."""
+    ratio = safe_exp(log_ratio)
     clipped_ratio = _clamp(ratio, lower, upper)
     if delta is not None:
         ratio = torch.clamp(ratio, max=delta)
@@ -156,13 +125,14 @@ def reweighted_surrogate(
     log_ratio: torch.Tensor, advantages: torch.Tensor, value: torch.Tensor, weight: torch.Tensor
 ) -> torch.Tensor:
     """`-A * (sg(value) + sg(weight) * (log_ratio - sg(log_ratio)))`: forward `-A * value`, gradient weight
-    `weight`."""
+    `weight`. `value` and `weight` must be finite where `A = 0` (they are, from `safe_exp`)."""
+    log_ratio = _upcast(log_ratio)
     return -advantages * (value.detach() + weight.detach() * (log_ratio - log_ratio.detach()))
 
 
 def clip_value(log_ratio, advantages, lower, upper):
     """Forward value of the clipped surrogate, `min(r A, clamp(r) A) / A` written without dividing by A."""
-    ratio = torch.exp(log_ratio.detach())
+    ratio = safe_exp(log_ratio.detach())
     clipped = _clamp(ratio, lower, upper)
     return torch.where(advantages >= 0, torch.minimum(ratio, clipped), torch.maximum(ratio, clipped))
 
@@ -200,12 +170,12 @@ def dgpo_loss(
     (left, A < 0) or `pi^(-1/m)` (right, A > 0), continuous at both boundaries. The forward value is the
     surrogate `R` whose gradient gives these weights (DGPO §4; docs/policy-losses.md), which equals the weight `w`
     on `grad log pi`."""
-    weight = torch.exp(dgpo_log_weights(log_ratio, advantages, lower, upper, n=n, m=m))
+    weight = safe_exp(dgpo_log_weights(log_ratio, advantages, lower, upper, n=n, m=m))
     return reweighted_surrogate(log_ratio, advantages, weight, weight)
 
 
 def _boundary_weights(log_ratio, advantages, lower, upper, left_weight, right_weight):
-    ratio = torch.exp(log_ratio.detach())
+    ratio = safe_exp(log_ratio.detach())
     regions = clip_regions(log_ratio, advantages, lower, upper)
     weight = torch.where(regions["LN"], left_weight, ratio)
     weight = torch.where(regions["HP"], right_weight, weight)
@@ -246,12 +216,11 @@ def aspo_loss(
 ) -> torch.Tensor:
     """ASPO: positive-advantage tokens use the flipped weight `1/r` on `[1/c_pos, upper]` (`c_pos` below, 0 above);
     negative ones keep `r` on `[lower, c_neg]` (0 below, `c_neg` above). Forward value: the clipped surrogate's."""
-    log_ratio_d = log_ratio.detach()
-    ratio = torch.exp(log_ratio_d)
+    log_ratio_d = _upcast(log_ratio.detach())
+    ratio = safe_exp(log_ratio_d)
     pos = advantages > 0
-    weight_pos = torch.where(
-        log_ratio_d > _log(upper), torch.zeros_like(ratio), torch.exp(-log_ratio_d).clamp(max=c_pos)
-    )
+    flipped = safe_exp(-log_ratio_d).clamp(max=c_pos)
+    weight_pos = torch.where(log_ratio_d > _log(upper), torch.zeros_like(ratio), flipped)
     weight_neg = torch.where(log_ratio_d < _log(lower), torch.zeros_like(ratio), ratio.clamp(max=c_neg))
     weight = torch.where(pos, weight_pos, weight_neg)
     value = clip_value(log_ratio, advantages, lower, upper)
@@ -276,7 +245,7 @@ def dgpo_metrics(
     """DGPO's extra metrics (docs/metrics.md) as `(numerator, denominator)` pairs: the share of tokens in each region
     (`dgpo/frac_LN`, `_HP`, `_LP`, `_HN`) and the mean gradient weight in LN and HP (`dgpo/weight_{LN,HP}_mean`)."""
     regions = clip_regions(log_ratio, advantages, lower, upper)
-    weights = torch.exp(dgpo_log_weights(log_ratio, advantages, lower, upper, n=n, m=m))
+    weights = safe_exp(dgpo_log_weights(log_ratio, advantages, lower, upper, n=n, m=m))
     mask = mask.float()
     counts = {}
     for name, region in regions.items():
@@ -317,8 +286,15 @@ def _check_band_solver_runs(kwargs: Mapping[str, Any], labels: Mapping[str, str]
 
 _CLIP = (EPSILON_LOW, EPSILON_HIGH)
 # The re-weighted losses set their own weights outside the clip range: TRL's dual clip has no meaning there.
+# Per-token bounds and weights are defined on per-token ratios; against GSPO's sequence-level ratio neither paper
+# defines them (which token's bound would clip a sequence?), so the combination is refused, not guessed.
+_TOKEN_LEVEL_ONLY = {
+    "importance_sampling_level": "its bounds and weights are per token, and neither paper defines them for GSPO's "
+    "sequence-level ratio (use policy_loss='clip' for GSPO)"
+}
 _NO_DUAL_CLIP = {
-    "delta": "the dual clip applies to the clipped losses only; this one sets its own weights outside the clip range"
+    **_TOKEN_LEVEL_ONLY,
+    "delta": "the dual clip applies to the clipped losses only; this one sets its own weights outside the clip range",
 }
 register_policy_loss(PolicyLossSpec("clip", clip_bounds, clipped_surrogate_loss, (*_CLIP, DUAL_CLIP), clipped=True))
 register_policy_loss(
@@ -330,6 +306,7 @@ register_policy_loss(
         clipped=True,
         check=_check_band_solver_runs,
         switch=("band_relax", "relaxed_band"),
+        incompatible=_TOKEN_LEVEL_ONLY,
     )
 )
 register_policy_loss(
@@ -340,6 +317,7 @@ register_policy_loss(
         (*BAND, *_CLIP, DUAL_CLIP),
         clipped=True,
         check=_check_band_solver_runs,
+        incompatible=_TOKEN_LEVEL_ONLY,
     )
 )
 register_policy_loss(
@@ -350,6 +328,7 @@ register_policy_loss(
         # DCPO keeps its own cap (10) in training: band_upper_max is the Band's, not DCPO's.
         (*_CLIP, Hyperparameter("upper_max", None, _labelled(check_upper_max)), DUAL_CLIP),
         clipped=True,
+        incompatible=_TOKEN_LEVEL_ONLY,
     )
 )
 register_policy_loss(

@@ -21,14 +21,13 @@ detached; advantages requiring grad are refused).
 
 Precision and dtypes. The kernel computes in float32 for fp16 / bf16 / fp32 inputs, in float64 when the loss dtype
 is float64 (then also the bounds, where `band_bounds` would solve them in float32 for float32 `old_logps`).
-The loss is returned in the dtype `clipped_surrogate_loss` returns for the same inputs,
-`promote_types(promote_types(logps, old_logps), advantages)` (bf16 logps with fp32 advantages: fp32; all bf16:
-bf16), rounded once from the float32 result; the gradient of `logps` has `logps`' dtype. For fp32 and fp64 inputs
-the kernel thus matches `band_bounds` + `clipped_surrogate_loss` to rounding (the bounds agree with the torch solver
-to ~4e-6 relative in float32; `exp` may differ by an ulp). For half-precision inputs it matches that torch path run
-on the inputs upcast to float32; the torch path on the half-precision tensors themselves rounds `log r`, `r` and the
-bounds to 8 (bf16) / 11 (fp16) bits first, so it differs by about that much, and so may the region (clipped or not)
-of a token within that distance of a bound.
+The loss is returned in the dtype `clipped_surrogate_loss` returns for the same inputs, the promoted dtype of
+`logps`, `old_logps` and `advantages` but float32 at least (all bf16: float32); the gradient of `logps` has `logps`'
+dtype. Like `clipped_surrogate_loss`, the ratio is capped at `exp(RATIO_LOG_MAX)`, the largest finite value with a
+margin, and the gradient is 0 above the cap. The kernel thus matches `band_bounds` + `clipped_surrogate_loss` to
+rounding (the bounds agree with the torch solver to ~4e-6 relative in float32; `exp` may differ by an ulp); for
+half-precision inputs the torch path (`policy_loss`) forms `logps - old_logps` in half precision before upcasting,
+the kernel in float32, so a token within that rounding of a bound may fall on the other side of it.
 
 `band_clipped_surrogate(..., solver="auto" | "torch" | "triton")` is the entry point: "torch" is the reference path
 `band_bounds(..., solver="torch")` + `clipped_surrogate_loss` (what `policy_loss("band", ...)` computes), "triton" the
@@ -46,7 +45,7 @@ import torch
 
 from ..band import band_bounds, validate_band_args
 from ..band_solvers import KL_NEWTON_STEPS
-from ..losses import clipped_surrogate_loss
+from ..losses import RATIO_LOG_MAX, clipped_surrogate_loss
 from .runtime import triton_unavailable_reason
 
 __all__ = ["band_clipped_surrogate", "band_clipped_surrogate_triton", "surrogate_dtypes"]
@@ -62,10 +61,10 @@ def surrogate_dtypes(
     logps_dtype: torch.dtype, old_logps_dtype: torch.dtype, advantages_dtype: torch.dtype
 ) -> tuple[torch.dtype, torch.dtype]:
     """`(loss dtype, compute dtype)`: the loss dtype is what `clipped_surrogate_loss` returns for these input
-    dtypes; the kernel computes in float64 if that is float64, else in float32."""
+    dtypes (the promoted dtype, float32 at least: half-precision ratios overflow); the kernel computes in float64 if
+    that is float64, else in float32."""
     out = torch.promote_types(torch.promote_types(logps_dtype, old_logps_dtype), advantages_dtype)
-    if not out.is_floating_point:
-        out = torch.get_default_dtype()
+    out = torch.promote_types(out, torch.float32) if out.is_floating_point else torch.get_default_dtype()
     return out, (torch.float64 if out == torch.float64 else torch.float32)
 
 
@@ -104,14 +103,6 @@ if triton is not None:
     from .band_kl import INTERPRETED, _exp, _kl_band_bounds
 
     @triton.jit
-    def _fp32_to_bf16_rtne(x):
-        """float32 -> bfloat16 rounded to nearest even, by integer arithmetic on the bits (as torch converts; NaN
-        stays NaN). Only for the interpreter, whose own conversion truncates; compiled kernels round in hardware."""
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) >> 16
-        return bits.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-
-    @triton.jit
     def _band_surrogate_kernel(
         logp_ptr,
         old_ptr,
@@ -126,12 +117,12 @@ if triton is not None:
         COMPUTE_DTYPE: tl.constexpr,
         TINY: tl.constexpr,
         T_MIN: tl.constexpr,
+        LOG_RATIO_MAX: tl.constexpr,
         HAS_DELTA: tl.constexpr,
         ADV_PER_ROW: tl.constexpr,
         WRITE_GRAD: tl.constexpr,
         NEWTON_STEPS: tl.constexpr,
         BLOCK_SIZE: tl.constexpr,
-        BF16_RTNE: tl.constexpr,
     ):
         """Reads `logp[n]`, `old[n]`, `adv[n]` (or `adv[n // row_len]`); writes `loss[n]` (its pointer's dtype) and,
         if WRITE_GRAD, `grad[n] = d loss / d logp` in COMPUTE_DTYPE."""
@@ -155,7 +146,9 @@ if triton is not None:
         lower = tl.where(old_is_nan, old, lower)
         upper = tl.where(old_is_nan, old, upper)
 
-        ratio = _exp(x - old)
+        # The ratio is capped as `losses.safe_exp` caps it (torch.clamp(log_r, max=LOG_RATIO_MAX): NaN stays NaN).
+        log_r = x - old
+        ratio = _exp(tl.minimum(log_r, LOG_RATIO_MAX, propagate_nan=tl.PropagateNan.ALL))
         # torch.clamp(ratio, lower, upper): NaN in the input or in a bound propagates.
         clipped = tl.maximum(ratio, lower, propagate_nan=tl.PropagateNan.ALL)
         clipped = tl.minimum(clipped, upper, propagate_nan=tl.PropagateNan.ALL)
@@ -167,8 +160,6 @@ if triton is not None:
         a = unclipped * adv
         b = clipped * adv
         loss = -tl.minimum(a, b, propagate_nan=tl.PropagateNan.ALL)
-        if BF16_RTNE:
-            loss = _fp32_to_bf16_rtne(loss)
         tl.store(loss_ptr + offsets, loss.to(loss_ptr.dtype.element_ty), mask=mask)
 
         if WRITE_GRAD:
@@ -186,6 +177,8 @@ if triton is not None:
                 term_a = tl.where(ratio <= delta, term_a, 0.0)
             term_b = tl.where((ratio >= lower) & (ratio <= upper), -w_b * adv, 0.0)
             grad = (term_a + term_b) * ratio
+            # torch.clamp's backward: 0 above the cap and for NaN, whatever flows in
+            grad = tl.where(log_r <= LOG_RATIO_MAX, grad, 0.0)
             tl.store(grad_ptr + offsets, grad, mask=mask)
 
 else:  # pragma: no cover - exercised only without Triton
@@ -258,12 +251,12 @@ def _band_surrogate_launch(
             COMPUTE_DTYPE=tl.float64 if compute_dtype == torch.float64 else tl.float32,
             TINY=finfo.tiny,
             T_MIN=2 * math.log(finfo.tiny),
+            LOG_RATIO_MAX=RATIO_LOG_MAX[compute_dtype],
             HAS_DELTA=delta is not None,
             ADV_PER_ROW=per_row,
             WRITE_GRAD=need_grad,
             NEWTON_STEPS=KL_NEWTON_STEPS[compute_dtype],
             BLOCK_SIZE=block_size,
-            BF16_RTNE=INTERPRETED and out_dtype == torch.bfloat16,
             num_warps=num_warps or default_warps,
         )
     return loss, grad
