@@ -13,7 +13,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-import trl_bandpo.losses
+import trl_bandpo.loss_bounds
 from trl_bandpo import BandPOConfig, BandPOTrainer, DGPOConfig, DGPOTrainer, PolicyLossConfig
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -143,13 +143,13 @@ def test_bounds_computed_once_per_generation_batch(tiny_model_dir, tmp_path, mon
     """Band bounds depend only on the old log-probs: one solve per generation batch, reused by every micro-step
     and every iteration over it (here 2 accumulation steps x 2 iterations = 4 loss calls per solve)."""
     calls = []
-    original = trl_bandpo.losses.band_bounds
+    original = trl_bandpo.loss_bounds.band_bounds
 
     def counting_band_bounds(old_logps, *args, **kwargs):
         calls.append(tuple(old_logps.shape))
         return original(old_logps, *args, **kwargs)
 
-    monkeypatch.setattr(trl_bandpo.losses, "band_bounds", counting_band_bounds)
+    monkeypatch.setattr(trl_bandpo.loss_bounds, "band_bounds", counting_band_bounds)
     trainer, _, _ = run_training(BandPOTrainer, BandPOConfig, tiny_model_dir, tmp_path, max_steps=4)
     generation_batches = 4 * trainer.args.gradient_accumulation_steps // (
         trainer.args.steps_per_generation * trainer.args.num_iterations
@@ -256,7 +256,7 @@ def test_zero3_two_processes_bandpo(tiny_model_dir, tmp_path):
 # from the config by hand here (not through the registry), so a wrong config-to-keyword mapping fails too.
 POLICY_TERM_CASES = {
     "band": (
-        dict(band_radius=0.03, band_upper_max=4.0, delta=3.0, epsilon=0.1),
+        dict(band_radius=0.03, band_upper_max=4.0, delta=3.0, epsilon=0.1, band_solver="torch"),
         lambda a: dict(radius=0.03, divergence="kl", upper_max=4.0, solver="torch", delta=3.0),
     ),
     "dgpo": (
@@ -278,7 +278,7 @@ def test_per_token_loss_in_trainer_equals_policy_loss(tiny_model_dir, tmp_path, 
     trainer = BandPOTrainer(
         model=tiny_model_dir,
         reward_funcs=shaped_reward,
-        args=train_args(BandPOConfig, tmp_path, policy_loss=name, band_solver="torch", **config_overrides),
+        args=train_args(BandPOConfig, tmp_path, policy_loss=name, **config_overrides),
         train_dataset=addition_dataset(),
     )
     trainer.model.train()

@@ -7,6 +7,8 @@ registry (`trl_bandpo.losses`, docs/adding-a-policy-loss.md): this module has no
 from __future__ import annotations
 
 import dataclasses
+import math
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -16,6 +18,9 @@ from .losses import POLICY_LOSSES, policy_loss_fn, registered_policy_losses
 
 # TRL loss types whose per-token policy term is TRL's own (not a clipped ratio); they only combine with "clip".
 TRL_PER_TOKEN_LOSS_TYPES = ("cispo", "sapo", "vespo", "luspo")
+# TRL loss types that aggregate the clipped per-token term: every registered policy loss runs under these.
+CLIP_AGGREGATION_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+TRL_LOSS_TYPES = CLIP_AGGREGATION_LOSS_TYPES + TRL_PER_TOKEN_LOSS_TYPES
 
 
 # No argparse `choices`: a loss registered at run time (docs/adding-a-policy-loss.md) is valid too; __post_init__
@@ -82,8 +87,11 @@ class PolicyLossConfig(GRPOConfig):
     aspo_c_neg: float = field(default=3.0, metadata={"help": "ASPO cap on r for negative advantages."})
 
     def __post_init__(self):
-        super().__post_init__()
+        # Our checks first: a bad value of ours (or of the TRL fields below) must not hide behind a TRL error.
         spec = policy_loss_fn(self.policy_loss)  # raises ValueError naming the allowed values
+        self._check_field_types()
+        self._check_hyperparameters()
+        super().__post_init__()
         if spec.switch is not None and getattr(self, spec.switch[0]) is True:
             self.policy_loss = spec.switch[1]
             spec = policy_loss_fn(self.policy_loss)
@@ -91,9 +99,8 @@ class PolicyLossConfig(GRPOConfig):
             raise ValueError(
                 f"policy_loss={self.policy_loss!r} cannot be combined with loss_type={self.loss_type!r}: that loss "
                 f"type has its own per-token policy term. Use policy_loss='clip' with it, or a loss_type among "
-                f"'grpo', 'bnpo', 'dr_grpo', 'dapo'."
+                f"{list(CLIP_AGGREGATION_LOSS_TYPES)}."
             )
-        self._check_hyperparameters()
         bound_kwargs, loss_kwargs = spec.kwargs_from_config(self)  # every field the selected loss reads, checked
         # Cross-field checks of the selected loss, where training will run (e.g. band_solver="triton").
         if spec.check is not None:
@@ -108,6 +115,28 @@ class PolicyLossConfig(GRPOConfig):
                     f"{name}={getattr(self, name)!r} cannot be used with policy_loss={self.policy_loss!r}: {reason}. "
                     f"Set {name}={default!r}."
                 )
+        self._warn_unused_fields(spec)
+
+    def _check_field_types(self):
+        """Types and ranges the dataclass cannot enforce (values from YAML or keyword arguments are not converted)."""
+        for f in dataclasses.fields(PolicyLossConfig):
+            if f.name in _OWN_FIELDS and f.type in (bool, "bool") and not isinstance(getattr(self, f.name), bool):
+                raise ValueError(f"{f.name} must be true or false (a bool), got {getattr(self, f.name)!r}.")
+        if callable(self.band_divergence):
+            raise ValueError(
+                f"band_divergence must be a divergence name, got the callable {self.band_divergence!r}: a function "
+                f"cannot be saved with checkpoints or sent to other processes. Register it once with "
+                f"trl_bandpo.band.register_divergence('my_divergence', f) and pass band_divergence='my_divergence'."
+            )
+        if self.loss_type not in TRL_LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {list(TRL_LOSS_TYPES)}, got {self.loss_type!r}.")
+        if not (isinstance(self.learning_rate, (int, float)) and not isinstance(self.learning_rate, bool)) or not (
+            math.isfinite(self.learning_rate) and self.learning_rate >= 0
+        ):
+            raise ValueError(f"learning_rate must be a finite number >= 0, got {self.learning_rate!r}.")
+        length = self.max_completion_length
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
+            raise ValueError(f"max_completion_length must be an integer >= 1, got {length!r}.")
 
     def _check_hyperparameters(self):
         """Check (and normalise) every field the registered losses read, whichever loss is selected."""
@@ -119,6 +148,26 @@ class PolicyLossConfig(GRPOConfig):
                 continue  # TRL reads the fallback field (checked under its own name)
             setattr(self, hp.field, hp.check(hp.field, value))
 
+    def _warn_unused_fields(self, spec):
+        """Our loss fields set away from their default but ignored by the selected loss: say so, once, by name."""
+        switches = [other.switch for other in registered_policy_losses().values() if other.switch]
+        read = set(spec.config_fields) | {field for field, target in switches if target == spec.name}
+        read |= {spec.switch[0]} if spec.switch else set()
+        unused = [
+            name
+            for name in sorted(_OWN_FIELDS - read - {"policy_loss"})
+            if getattr(self, name) != _default(type(self), name)
+        ]
+        if unused:
+            warnings.warn(
+                f"{', '.join(f'{name}={getattr(self, name)!r}' for name in unused)} "
+                f"{'has' if len(unused) == 1 else 'have'} no effect with policy_loss={self.policy_loss!r}, which "
+                f"does not read {'it' if len(unused) == 1 else 'them'} (docs/policy-losses.md lists what each loss "
+                "reads). Did you mean another policy_loss?",
+                UserWarning,
+                stacklevel=3,
+            )
+
 
 def _registry_hyperparameters():
     """Every (field-backed) hyper-parameter of every registered loss, one per config field."""
@@ -128,6 +177,9 @@ def _registry_hyperparameters():
             if hp.field is not None:
                 seen.setdefault(hp.field, hp)
     return tuple(seen.values())
+
+
+_OWN_FIELDS = {f.name for f in dataclasses.fields(PolicyLossConfig)} - {f.name for f in dataclasses.fields(GRPOConfig)}
 
 
 def _default(config_class, name: str):

@@ -21,6 +21,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
+from .checkpointing import GenerationBufferCheckpointing
 from .configs import TRL_PER_TOKEN_LOSS_TYPES, BandPOConfig, DGPOConfig, PolicyLossConfig
 from .losses import policy_loss_fn
 from .metrics import clip_counts
@@ -30,7 +31,8 @@ __all__ = ["BandPOTrainer", "DGPOTrainer", "PolicyLossTrainer"]
 _BOUND_KEYS = ("policy_lower_bound", "policy_upper_bound")
 
 
-class PolicyLossTrainer(GRPOTrainer):
+
+class PolicyLossTrainer(GenerationBufferCheckpointing, GRPOTrainer):
     """GRPOTrainer whose per-token policy term is `args.policy_loss` (see [`PolicyLossConfig`]).
 
     Everything else is GRPOTrainer's: pass the same arguments (`model`, `reward_funcs`, `train_dataset`,
@@ -41,7 +43,25 @@ class PolicyLossTrainer(GRPOTrainer):
     config_class = PolicyLossConfig
     _tag_names = ["trl", "grpo", "trl-bandpo"]
 
-    def __init__(self, model, reward_funcs, args: PolicyLossConfig | None = None, **kwargs):
+    # The same parameters, in the same order, with the same defaults as GRPOTrainer.__init__ (TRL 1.16):
+    # tests/test_trainers.py compares the two signatures, so a TRL upgrade that adds one fails loudly.
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: PolicyLossConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        tools=None,
+        rollout_func=None,
+        environment_factory=None,
+    ):
         if args is None:
             model_name = model if isinstance(model, str) else model.config._name_or_path
             method = self.config_class.__name__.removesuffix("Config")
@@ -51,7 +71,22 @@ class PolicyLossTrainer(GRPOTrainer):
                 f"{type(self).__name__} needs a PolicyLossConfig (BandPOConfig or DGPOConfig), got "
                 f"{type(args).__name__}; use BandPOConfig or DGPOConfig in place of GRPOConfig (they take its fields)."
             )
-        super().__init__(model, reward_funcs, args=args, **kwargs)
+        super().__init__(
+            model,
+            reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            reward_processing_classes=reward_processing_classes,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            quantization_config=quantization_config,
+            peft_config=peft_config,
+            tools=tools,
+            rollout_func=rollout_func,
+            environment_factory=environment_factory,
+        )
         self.policy_loss = args.policy_loss
         self._policy = policy_loss_fn(args.policy_loss)
         # Read from the config through the loss's registry entry: the fields it reads, checked, as keywords.
