@@ -9,7 +9,10 @@ Every loader returns a `datasets.Dataset` with three string-valued columns:
 The papers append ``"Let's think step by step and output the final answer within \\boxed{}."`` to each problem
 (`BOXED_INSTRUCTION`). Datasets come from the Hugging Face Hub by registry name (`DATASETS`: the BandPO/DGPO
 training sets and the six evaluation benchmarks) or from local JSONL/JSON/Parquet/CSV files (and folders written by
-``Dataset.save_to_disk``) for offline use.
+``Dataset.save_to_disk``) for offline use. Local JSON and CSV files are read with every answer exactly as written
+(``12345678901234567890`` and ``1.50`` stay as they are; `trl_bandpo.data.files`). A dataset of which no row is usable
+is an error that counts the dropped rows per reason (empty problem or answer, wrong type, level, duplicate); a Hub
+dataset that cannot be reached is one error that says how to pass a local file instead.
 
 Hub ids, splits and columns (checked against the dataset cards / common loaders; override any of them with the
 keyword arguments of `load_math_dataset`):

@@ -1,21 +1,23 @@
 r"""Loaders that turn registered or local math datasets into TRL prompt datasets (``prompt``, ``solution``).
 
 `load_math_dataset` reads one dataset (a registry name from `trl_bandpo.data.registry`, or a local file or
-``save_to_disk`` folder) and normalises its rows: the problem (DAPO's "Answer:" template removed) followed by
-`BOXED_INSTRUCTION` as a one-message conversation, and the final answer as a string. `load_training_mix` and
-`load_eval_benchmarks` load several at once.
+``save_to_disk`` folder, read by `trl_bandpo.data.files` with every answer exactly as written) and normalises its
+rows (`trl_bandpo.data.rows`): the problem (DAPO's "Answer:" template removed) followed by `BOXED_INSTRUCTION` as a
+one-message conversation, and the final answer as a string. A dataset without a single usable row is an error that
+counts the dropped rows per reason. `load_training_mix` and `load_eval_benchmarks` load several at once.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..answers import extract_boxed_answer
+from .files import read_local
 from .registry import DATASETS, EVAL_BENCHMARKS, TRAINING_MIXES, DatasetSpec, resolve_dataset_name
+from .rows import FILTERS, Selection, get_field, has_field, select_rows
 
 __all__ = [
     "ANSWER_FIELD_CANDIDATES",
@@ -26,6 +28,8 @@ __all__ = [
     "load_math_dataset",
     "load_training_mix",
 ]
+
+logger = logging.getLogger(__name__)
 
 BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
@@ -42,70 +46,6 @@ ANSWER_FIELD_CANDIDATES = (
     "Solution",
 )
 
-# DAPO-Math-17k wraps each problem in this template (its reward reads "Answer: ..."); we swap it for ours.
-_DAPO_PREFIX = re.compile(r"^\s*Solve the following math problem step by step\.[^\n]*\n\s*\n", re.DOTALL)
-_DAPO_SUFFIX = re.compile(r"\s*Remember to put your answer on its own line after \"Answer:\"\.?\s*$")
-
-_LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-def get_field(row: Mapping[str, Any], field: str) -> Any:
-    """``row[field]``, where a dotted `field` such as ``"reward_model.ground_truth"`` reaches into nested dicts.
-
-    A column whose name literally contains the dot wins. Raises KeyError naming the missing part.
-    """
-    if field in row:
-        return row[field]
-    value: Any = row
-    for part in field.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            found = sorted(value) if isinstance(value, Mapping) else value
-            raise KeyError(f"field {field!r}: no {part!r} in {found!r}")
-        value = value[part]
-    return value
-
-
-def _has_field(row: Mapping[str, Any], field: str) -> bool:
-    try:
-        get_field(row, field)
-    except KeyError:
-        return False
-    return True
-
-
-def _problem_text(value: Any) -> str:
-    """Problem text from a string or a conversation (last user message), without DAPO's answer template."""
-    if isinstance(value, (list, tuple)):
-        messages = [m for m in value if isinstance(m, Mapping)]
-        users = [m for m in messages if m.get("role") == "user"] or messages
-        value = users[-1].get("content", "") if users else ""
-    if not isinstance(value, str):
-        return ""
-    text = _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", value, count=1))
-    return text.strip()
-
-
-def _answer_text(value: Any) -> str:
-    r"""Ground truth as a string: numbers formatted, lists of answers joined by ", ", a worked solution reduced to
-    its last ``\boxed{}``. Empty when missing."""
-    if value is None:
-        return ""
-    if isinstance(value, (list, tuple)):
-        return ", ".join(part for part in (_answer_text(v) for v in value) if part)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    text = str(value).strip()
-    if "\\boxed" in text or "\\fbox" in text:
-        text = (extract_boxed_answer(text) or "").strip()
-    return text
-
-
-def _level_number(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    match = re.search(r"\d+", str(value)) if value is not None else None
-    return int(match.group(0)) if match else None
-
 
 def _build_prompt(problem: str, instruction: str | None) -> list[dict[str, str]]:
     content = f"{problem} {instruction}" if instruction else problem
@@ -118,41 +58,30 @@ def _pick_field(given: str | None, default: str | None, candidates: Sequence[str
     if default is not None:
         return default
     for candidate in candidates:
-        if _has_field(row, candidate):
+        if has_field(row, candidate):
             return candidate
     raise ValueError(
         f"could not find the {what} column among {sorted(row)}; pass {what}_field=... (tried {list(candidates)})"
     )
 
 
-def _load_local(path: Path, split: str | None):
-    """A `datasets.Dataset` from a local file or a ``save_to_disk`` folder."""
-    import datasets
-
-    if path.is_dir():
-        loaded = datasets.load_from_disk(str(path))
-        if isinstance(loaded, datasets.DatasetDict):
-            split = split or ("train" if "train" in loaded else next(iter(loaded)))
-            if split not in loaded:
-                raise ValueError(f"split={split!r} is not in {path} (has {list(loaded)})")
-            return loaded[split]
-        return loaded
-    builder = _LOCAL_FORMATS.get(path.suffix.lower())
-    if builder is None:
-        raise ValueError(
-            f"name_or_path={str(path)!r}: unsupported file type {path.suffix!r}; use one of {sorted(_LOCAL_FORMATS)}"
-        )
-    # A single local file is one "train" split; `split` may still slice it, e.g. "train[:100]".
-    return datasets.load_dataset(builder, data_files=str(path), split=split or "train")
-
-
-def _load_hub(spec: DatasetSpec, split: str | None):
+def _load_hub(name: str, spec: DatasetSpec, split: str | None):
+    """The registered dataset from the Hub (or the local cache); one clear error when it cannot be reached."""
     import datasets
 
     split = split or spec.split
-    if not spec.configs:
-        return datasets.load_dataset(spec.hub_id, split=split)
-    parts = [datasets.load_dataset(spec.hub_id, config, split=split) for config in spec.configs]
+    try:
+        if not spec.configs:
+            return datasets.load_dataset(spec.hub_id, split=split)
+        parts = [datasets.load_dataset(spec.hub_id, config, split=split) for config in spec.configs]
+    except OSError as err:  # ConnectionError (offline, no network), DatasetNotFoundError (gated), HTTP errors
+        reason = f"{type(err).__name__}: {err}".splitlines()[0]
+        raise ConnectionError(
+            f"dataset {name!r} (Hub id {spec.hub_id!r}, split {split!r}) could not be loaded from the Hugging Face "
+            f"Hub ({reason}). To use a local copy instead, pass its file: `dataset_name: path/to/file.jsonl` with "
+            "`problem_field`/`answer_field` in a training recipe, or `--benchmarks "
+            f"{name}=path/to/file.jsonl` for `trl-bandpo eval`."
+        ) from None
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
@@ -185,7 +114,16 @@ def load_math_dataset(
 
     Returns:
         `datasets.Dataset` with ``prompt`` (list of one user message), ``solution`` (str), ``data_source`` (str).
-        Rows with an empty problem or answer are dropped.
+        Answers are kept exactly as stored (`trl_bandpo.data.files`, `trl_bandpo.data.rows`). Rows with an empty
+        problem or answer (None, NaN or blank), a value of the wrong type, a level outside `levels` or a repeated
+        problem are dropped; the count per reason is logged (a warning unless only the level filter or the
+        de-duplication dropped rows).
+
+    Raises:
+        ValueError: no usable row (the message counts the dropped rows per reason), an empty or unreadable file
+            (invalid JSON: with its line), a missing column.
+        ConnectionError: a registry dataset that cannot be loaded from the Hub (the message says how to pass a
+            local file instead).
     """
     if max_samples is not None and (
         isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1
@@ -198,15 +136,17 @@ def load_math_dataset(
     registry_name = None if path.exists() else resolve_dataset_name(os.fspath(name_or_path))
     if registry_name is not None:
         spec = DATASETS[registry_name]
-        raw = _load_hub(spec, split)
+        raw = _load_hub(registry_name, spec, split)
         source = data_source or registry_name
+        label = f"dataset {registry_name!r} (Hub id {spec.hub_id!r})"
         default_problem, default_answer = spec.problem_field, spec.answer_field
         if levels is None and spec.levels is not None:
             levels, level_field = spec.levels, level_field or spec.level_field
         deduplicate = spec.deduplicate if deduplicate is None else deduplicate
     elif path.exists():
-        raw = _load_local(path, split)
+        raw = read_local(path, split)
         source = data_source or path.stem
+        label = str(path)
         default_problem = default_answer = None
         deduplicate = bool(deduplicate)
     else:
@@ -214,55 +154,79 @@ def load_math_dataset(
         raise ValueError(f"name_or_path={os.fspath(name_or_path)!r} is neither an existing file nor one of: {known}")
 
     if len(raw) == 0:
-        raise ValueError(f"{os.fspath(name_or_path)!r} (split {split!r}) has no rows")
-    first = raw[0]
+        raise ValueError(f"{label} (split {split!r}) has no rows")
+    first = _schema_row(raw)
     problem_key = _pick_field(problem_field, default_problem, PROBLEM_FIELD_CANDIDATES, first, "problem")
     answer_key = _pick_field(answer_field, default_answer, ANSWER_FIELD_CANDIDATES, first, "answer")
     for what, key in (("problem_field", problem_key), ("answer_field", answer_key)):
-        if not _has_field(first, key):
-            raise ValueError(
-                f"{what}={key!r} is not a column of {os.fspath(name_or_path)!r} (columns: {sorted(first)})"
-            )
+        if not has_field(first, key):
+            raise ValueError(f"{what}={key!r} is not a column of {label} (columns: {sorted(first)})")
 
     level_set = None
     if levels is not None:
         level_set = {int(level) for level in levels}
         level_field = level_field or "level"
-        if not _has_field(first, level_field):
-            raise ValueError(f"level_field={level_field!r} is not a column (columns: {sorted(first)})")
+        if not has_field(first, level_field):
+            raise ValueError(f"level_field={level_field!r} is not a column of {label} (columns: {sorted(first)})")
 
-    def to_row(row: Mapping[str, Any]) -> dict[str, Any]:
-        problem = _problem_text(get_field(row, problem_key))
-        keep = bool(problem)
-        if level_set is not None:
-            keep = keep and _level_number(get_field(row, level_field)) in level_set
-        return {
-            "prompt": _build_prompt(problem, instruction),
-            "solution": _answer_text(get_field(row, answer_key)),
-            "data_source": source,
-            "_problem": problem,
-            "_keep": keep,
+    selection = select_rows(
+        raw,
+        problem_key,
+        answer_key,
+        level_field=level_field,
+        levels=level_set,
+        deduplicate=deduplicate,
+        max_samples=max_samples,
+    )
+    _report_drops(selection, label, problem_key, answer_key, level_set)
+    count = len(selection.problems)
+    import datasets
+
+    return datasets.Dataset.from_dict(
+        {
+            "prompt": [_build_prompt(problem, instruction) for problem in selection.problems],
+            "solution": selection.solutions,
+            "data_source": [source] * count,
         }
+    )
 
-    mapped = raw.map(to_row, remove_columns=raw.column_names, desc=f"Formatting {source}")
-    problems = mapped["_problem"]
-    keeps = mapped["_keep"]
-    solutions = mapped["solution"]
-    seen: set[str] = set()
-    indices = []
-    for index, (problem, keep, solution) in enumerate(zip(problems, keeps, solutions, strict=True)):
-        if not keep or not solution:
-            continue
-        if deduplicate:
-            if problem in seen:
-                continue
-            seen.add(problem)
-        indices.append(index)
-        if max_samples is not None and len(indices) >= max_samples:
-            break
-    if len(indices) != len(mapped):
-        mapped = mapped.select(indices)
-    return mapped.remove_columns(["_problem", "_keep"])
+
+def _schema_row(raw: Any) -> Mapping[str, Any]:
+    """A row to detect columns on: a Dataset's first row, or for JSON/CSV rows (whose keys may differ from row to
+    row) each key with its first non-null value."""
+    if not isinstance(raw, list):
+        return raw[0]
+    merged: dict[str, Any] = {}
+    for row in raw:
+        for key, value in row.items():
+            if merged.get(key) is None:
+                merged[key] = value
+    return merged
+
+
+def _report_drops(
+    selection: Selection, label: str, problem_key: str, answer_key: str, levels: set[int] | None
+) -> None:
+    """Raise when no row is usable; log how many rows were dropped and why (a warning for defects of the data,
+    info when only the requested level filter / de-duplication dropped rows)."""
+    if not selection.dropped:
+        return
+    drops = selection.describe_drops()
+    fields = f"problem_field={problem_key!r}, answer_field={answer_key!r}"
+    if levels is not None:
+        fields += f", levels={sorted(levels)}"
+    if not selection.problems:
+        raise ValueError(
+            f"{label}: none of its {selection.examined} rows is usable ({fields}): {drops}. Check problem_field / "
+            "answer_field (and levels) against the data."
+        )
+    dropped = sum(selection.dropped.values())
+    message = "%s: dropped %d of %d rows read (%s): %s"
+    arguments = (label, dropped, selection.examined, fields, drops)
+    if set(selection.dropped) <= set(FILTERS):
+        logger.info(message, *arguments)
+    else:
+        logger.warning(message, *arguments)
 
 
 def load_training_mix(
