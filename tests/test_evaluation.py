@@ -156,11 +156,14 @@ def test_evaluate_scores_completions_with_known_answers(monkeypatch, tiny_benchm
     ]
     seen = {}
 
-    def fake_generate(model, prompts, num_samples, *args):
-        seen["prompts"] = prompts
-        return canned
+    def fake_load_generator(backend, model, settings):
+        def generate(prompts):
+            seen["prompts"] = prompts
+            return canned
 
-    monkeypatch.setattr(evaluation, "_generate_transformers", fake_generate)
+        return generate, None  # None: the whole benchmark in one call
+
+    monkeypatch.setattr(evaluation.generation, "load_generator", fake_load_generator)
     benchmarks = {"tiny": str(tiny_benchmark)}
     results = evaluate("unused", benchmarks, num_samples=4, backend="transformers", output_dir=tmp_path)
     metrics = results["benchmarks"]["tiny"]

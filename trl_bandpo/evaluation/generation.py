@@ -1,0 +1,136 @@
+"""Sampling backends of `trl_bandpo.evaluation.evaluate`: vLLM when installed, else ``transformers.generate``.
+
+`load_generator` loads the model once and returns a function that samples `num_samples` completions for each prompt
+of a list, so that `evaluate` can score and save each batch as soon as it is generated.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["Generator", "load_generator", "resolve_backend"]
+
+
+def _render_prompt(tokenizer, prompt: Any) -> str:
+    """Chat-template text for a conversational prompt (plain text is used as is)."""
+    if isinstance(prompt, str):
+        return prompt
+    messages = [dict(m) for m in prompt]
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return "\n".join(m["content"] for m in messages) + "\n"
+
+
+# A generator maps a list of prompts to `num_samples` completions each; the model is loaded once per `evaluate`.
+Generator = Callable[[list[Any]], list[list[str]]]
+
+
+def _vllm_generator(
+    model: str,
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    dtype: str,
+    vllm_kwargs: Mapping[str, Any],
+) -> Generator:
+    """One vLLM engine; each call samples `num_samples` completions per prompt (``SamplingParams(n=num_samples)``)."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model, seed=seed, dtype=dtype, **dict(vllm_kwargs))
+    tokenizer = llm.get_tokenizer()
+    params = SamplingParams(n=num_samples, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed)
+
+    def generate(prompts: list[Any]) -> list[list[str]]:
+        # The chat template already writes any BOS token: hand vLLM token ids so it adds none of its own.
+        token_prompts = [
+            {"prompt_token_ids": tokenizer(_render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"]}
+            for p in prompts
+        ]
+        return [[choice.text for choice in output.outputs] for output in llm.generate(token_prompts, params)]
+
+    return generate
+
+
+def _transformers_generator(
+    model_name_or_path: str,
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int,
+    dtype: str,
+    batch_size: int,
+    device: str | None,
+) -> Generator:
+    """One model; each call samples with ``model.generate`` (left padding, ``num_return_sequences``)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_name_or_path, dtype=dtype).to(device).eval()
+    greedy = temperature == 0
+    samples_per_call = 1 if greedy else num_samples  # greedy decoding is deterministic: decode once, repeat
+    # Plain temperature / top-p sampling, as vLLM does: override top_k / repetition_penalty that a model's
+    # generation_config.json may set (Qwen instruct models ship top_k=20, repetition_penalty=1.05).
+    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p}
+    sampling.update(top_k=0, repetition_penalty=1.0)
+    torch.manual_seed(seed)
+
+    def generate(prompts: list[Any]) -> list[list[str]]:
+        texts = [_render_prompt(tokenizer, p) for p in prompts]
+        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        with torch.inference_mode():
+            output = model.generate(
+                **batch,
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=samples_per_call,
+                pad_token_id=tokenizer.pad_token_id,
+                **sampling,
+            )
+        new_tokens = output[:, batch["input_ids"].shape[1] :]  # (prompts * samples_per_call, new tokens)
+        decoded = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        groups = [decoded[i : i + samples_per_call] for i in range(0, len(decoded), samples_per_call)]
+        return [group * num_samples for group in groups] if greedy else groups
+
+    return generate
+
+
+def load_generator(backend: str, model: str, settings: Mapping[str, Any]) -> tuple[Generator, int | None]:
+    """Load the model once.
+
+    Args:
+        backend: "vllm" or "transformers" (see `resolve_backend`).
+        model: model folder or hub id.
+        settings: ``num_samples``, ``max_new_tokens``, ``temperature``, ``top_p``, ``seed``, ``dtype``,
+            ``batch_size``, ``device`` and ``vllm_kwargs``, as checked by `trl_bandpo.evaluation.evaluate`.
+
+    Returns:
+        ``(generate, prompts_per_call)``: `generate` maps a list of prompts to their completions; each call should
+        hold at most `prompts_per_call` prompts (None: any number; vLLM schedules a whole benchmark itself).
+    """
+    common = [settings[key] for key in ("num_samples", "max_new_tokens", "temperature", "top_p", "seed", "dtype")]
+    if backend == "vllm":
+        return _vllm_generator(model, *common, settings["vllm_kwargs"]), None
+    samples_per_call = 1 if settings["temperature"] == 0 else settings["num_samples"]
+    prompts_per_call = max(1, settings["batch_size"] // samples_per_call)
+    return _transformers_generator(model, *common, settings["batch_size"], settings["device"]), prompts_per_call
+
+
+def resolve_backend(backend: str) -> str:
+    """ "vllm" or "transformers" for `backend` ("auto": vLLM when importable); ValueError when it cannot run."""
+    allowed = ("auto", "vllm", "transformers")
+    if backend not in allowed:
+        raise ValueError(f"backend must be one of {allowed}, got {backend!r}")
+    if backend == "auto":
+        return "vllm" if importlib.util.find_spec("vllm") is not None else "transformers"
+    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ValueError("backend='vllm' but vllm is not installed (pip install 'trl-bandpo[vllm]')")
+    return backend

@@ -1,0 +1,107 @@
+r"""mean@n and the unbiased pass@k estimator from per-sample correctness, and the Markdown table of results.
+
+* ``mean@n``: mean accuracy over all n samples of all problems (the papers' "Avg@32" / "mean@32"),
+* ``pass@k``: the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` averaged over problems (c = correct samples of the
+  problem; Chen et al., 2021, "Evaluating Large Language Models Trained on Code"). pass@1 equals mean@n.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["default_ks", "mean_accuracy", "pass_at_k", "summarize_correctness", "write_markdown"]
+
+
+def _check_count(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from `n` samples of which `c` are correct: ``1 - C(n-c, k) / C(n, k)``.
+
+    Computed as ``1 - prod_{i=n-c+1}^{n} (1 - k/i)`` (no large binomials, stable for n in the thousands).
+    Requires ``0 <= c <= n`` and ``1 <= k <= n``.
+    """
+    _check_count("n", n, 1)
+    _check_count("c", c, 0)
+    _check_count("k", k, 1)
+    if c > n:
+        raise ValueError(f"c must be <= n, got c={c}, n={n}")
+    if k > n:
+        raise ValueError(f"k must be <= n (pass@k needs at least k samples), got k={k}, n={n}")
+    if n - c < k:  # every k-subset contains a correct sample
+        return 1.0
+    # C(n-c, k)/C(n, k) = prod_{j=0}^{k-1} (n-c-j)/(n-j) = prod_{i=n-c+1}^{n} (i-k)/i
+    failure = 1.0
+    for i in range(n - c + 1, n + 1):
+        failure *= 1.0 - k / i
+    return 1.0 - failure
+
+
+def mean_accuracy(n: int, c: int) -> float:
+    """Fraction of correct samples, ``c / n`` (one problem's mean@n)."""
+    _check_count("n", n, 1)
+    _check_count("c", c, 0)
+    if c > n:
+        raise ValueError(f"c must be <= n, got c={c}, n={n}")
+    return c / n
+
+
+def default_ks(num_samples: int) -> tuple[int, ...]:
+    """Powers of two up to `num_samples`, plus `num_samples` itself: 32 -> (1, 2, 4, 8, 16, 32)."""
+    _check_count("num_samples", num_samples, 1)
+    ks = [1 << p for p in range(num_samples.bit_length()) if (1 << p) <= num_samples]
+    if ks[-1] != num_samples:
+        ks.append(num_samples)
+    return tuple(ks)
+
+
+def summarize_correctness(correct: Sequence[Sequence[bool]], ks: Sequence[int]) -> dict[str, Any]:
+    """Metrics of one benchmark from per-problem sample correctness.
+
+    Args:
+        correct: P problems x n samples of booleans (every problem must have the same n).
+        ks: the k of each pass@k (each <= n).
+
+    Returns:
+        ``{"problems": P, "samples_per_problem": n, "mean@n": float, "pass@k": float for k in ks,
+        "correct_per_problem": [c_1, ..., c_P]}``; metrics are averaged over problems and lie in [0, 1].
+    """
+    if len(correct) == 0:
+        raise ValueError("correct must hold at least one problem")
+    n = len(correct[0])
+    if any(len(samples) != n for samples in correct):
+        raise ValueError(f"every problem needs the same number of samples, got {sorted({len(s) for s in correct})}")
+    _check_count("samples per problem", n, 1)
+    for k in ks:
+        _check_count("k", k, 1)
+        if k > n:
+            raise ValueError(f"ks must be <= the number of samples per problem ({n}), got k={k}")
+    counts = [sum(bool(x) for x in samples) for samples in correct]
+    summary: dict[str, Any] = {"problems": len(correct), "samples_per_problem": n}
+    summary[f"mean@{n}"] = sum(mean_accuracy(n, c) for c in counts) / len(counts)
+    for k in ks:
+        summary[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in counts) / len(counts)
+    summary["correct_per_problem"] = counts
+    return summary
+
+
+def write_markdown(results: Mapping[str, Mapping[str, Any]], ks: Sequence[int], num_samples: int) -> str:
+    """A Markdown table (percentages): benchmark, problems, mean@n, pass@k for each k; an average row if > 1."""
+    mean_key = f"mean@{num_samples}"
+    columns = [mean_key] + [f"pass@{k}" for k in ks]
+    lines = [
+        "| Benchmark | Problems | " + " | ".join(columns) + " |",
+        "|---|---:|" + "---:|" * len(columns),
+    ]
+    for name, metrics in results.items():
+        cells = [f"{100 * metrics[c]:.1f}" for c in columns]
+        lines.append(f"| {name} | {metrics['problems']} | " + " | ".join(cells) + " |")
+    if len(results) > 1:
+        averages = [sum(m[c] for m in results.values()) / len(results) for c in columns]
+        total = sum(m["problems"] for m in results.values())
+        lines.append(f"| **Average** | {total} | " + " | ".join(f"{100 * a:.1f}" for a in averages) + " |")
+    return "\n".join(lines) + "\n"
