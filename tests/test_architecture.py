@@ -16,6 +16,7 @@ PACKAGE = REPO / "trl_bandpo"
 # Layer of each module (by dotted name below `trl_bandpo`, prefix match): a module may import only its own layer or
 # lower ones. The package root (`trl_bandpo/__init__.py`) is the public surface and may import anything.
 LAYERS = {
+    "version": 0,
     "band": 0,
     "band_solvers": 0,
     "loss_registry": 0,

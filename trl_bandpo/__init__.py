@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 from . import kernels  # noqa: F401  (registers the Triton KL solver with band_bounds)
 from .band import DIVERGENCES, band_bounds
 from .losses import POLICY_LOSSES, policy_bounds, policy_loss
-
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401
 
 _LAZY = {
     "PolicyLossConfig": "configs",

@@ -9,9 +9,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from ..version import __version__
+
 __all__ = ["USAGE", "main"]
 
 USAGE = """trl-bandpo <command> [options]
+trl-bandpo --version
 
 commands:
   demo     train GRPO, Clip-Higher, BandPO and DGPO on a tiny offline task and plot the comparison
@@ -22,10 +25,14 @@ commands:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Dispatch ``trl-bandpo <command> [options]`` (default `sys.argv[1:]`); an unknown command exits with status 2."""
+    """Dispatch ``trl-bandpo <command> [options]`` (default `sys.argv[1:]`); an unknown command exits with status 2.
+    ``--version`` / ``-V`` prints the package version."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
+        return
+    if argv[0] in ("-V", "--version"):
+        print(f"trl-bandpo {__version__}")
         return
     command, rest = argv[0], argv[1:]
     if command == "bounds":

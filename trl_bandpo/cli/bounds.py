@@ -3,11 +3,41 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 
 __all__ = ["DEFAULT_PROBABILITIES", "bounds_main"]
 
 DEFAULT_PROBABILITIES = (1e-6, 1e-4, 1e-3, 0.01, 0.05, 0.08, 0.2, 0.5, 0.8, 0.95, 0.99, 0.999)
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number: {text!r}") from None
+
+
+def _probability(text: str) -> float:
+    """An old probability p in (0, 1]: p = 0 has no ratio bounds, and p > 1 or p < 0 is no probability."""
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a probability in (0, 1]")
+    return value
+
+
+def _radius(text: str) -> float:
+    value = _number(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"the radius delta must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _upper_max(text: str) -> float:
+    value = _number(text)
+    if not value >= 1:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"the cap on the upper bound must be a number >= 1, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,10 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="trl-bandpo bounds", description="Band ratio bounds per old probability p.")
     parser.add_argument("--divergence", default="kl", choices=DIVERGENCES)
-    parser.add_argument("--radius", type=float, default=0.05, help="trust-region radius delta")
-    parser.add_argument("--upper-max", type=float, default=None, help="cap on the upper bound (authors: 10)")
+    parser.add_argument("--radius", type=_radius, default=0.05, help="trust-region radius delta (finite, > 0)")
+    parser.add_argument("--upper-max", type=_upper_max, default=None, help="cap on the upper bound >= 1 (authors: 10)")
     parser.add_argument("--relax", type=float, nargs=2, metavar=("EPS_LOW", "EPS_HIGH"), default=None)
-    parser.add_argument("--p", type=float, nargs="+", default=list(DEFAULT_PROBABILITIES), help="probabilities")
+    parser.add_argument(
+        "--p", type=_probability, nargs="+", default=list(DEFAULT_PROBABILITIES), help="old probabilities, in (0, 1]"
+    )
     return parser
 
 

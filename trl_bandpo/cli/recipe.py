@@ -1,15 +1,18 @@
-r"""Recipe parsing for `trl-bandpo train`: [`ScriptArguments`] and TRL's `TrlParser`, failing loudly on unknown keys.
+r"""Recipe parsing for `trl-bandpo train`: [`ScriptArguments`] and TRL's `TrlParser`, failing loudly and early.
 
 A recipe (YAML) sets the defaults of three dataclasses and command-line flags override them: [`ScriptArguments`]
 (data, reward), [`~trl_bandpo.PolicyLossConfig`] (every `trl.GRPOConfig` field plus the policy-loss fields) and
 `trl.ModelConfig` (model, dtype, LoRA, quantisation). Unlike `trl grpo`, a key or flag that is no field of these is an
-error naming it, the closest valid names and where it came from.
+error naming it, the closest valid names and where it came from; so are a repeated key, a value of the wrong type and
+loss-specific fields without `policy_loss` (`recipe_yaml`, `recipe_checks`). These errors come before the dataclasses
+are built, so before their own checks (such as bf16 on a machine without a GPU) and before any model or data loads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import sys
 import typing
@@ -20,6 +23,9 @@ from trl import ModelConfig, TrlParser
 
 from ..configs import PolicyLossConfig
 from ..data import BOXED_INSTRUCTION, TRAINING_MIXES
+from .errors import ConfigError
+from .recipe_checks import check_namespace, check_recipe_types, loss_specific_fields
+from .recipe_yaml import read_recipe_yaml
 
 __all__ = [
     "DATACLASS_TYPES",
@@ -38,10 +44,10 @@ REWARDS = {
     "accuracy": (1.0, 0.0, "boxed_accuracy_reward"),
 }
 _NONE_STRINGS = ("none", "null", "")
-
-
-class ConfigError(ValueError):
-    """A recipe or command line that does not describe a valid run (unknown key, bad value)."""
+_CPU_HINT = (
+    " On a machine without a GPU set `use_cpu: true` and `bf16: false` in the recipe (or `--use_cpu true --bf16 "
+    "false`)."
+)
 
 
 @dataclass
@@ -110,15 +116,25 @@ class ScriptArguments:
     reward_num_workers: int | None = field(default=None, metadata={"help": "Verifier processes per process."})
 
     def __post_init__(self):
-        if isinstance(self.dataset_name, str):
-            self.dataset_name = [self.dataset_name]
-        if isinstance(self.eval_dataset_name, str):
-            self.eval_dataset_name = [self.eval_dataset_name]
+        # argparse checks neither the types nor the choices of values that come from the YAML file.
+        for name in ("dataset_name", "eval_dataset_name"):
+            value = getattr(self, name)
+            if value is not None and not (
+                isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+            ):
+                raise ValueError(
+                    f"{name} must be a string or a list of strings (mix or registry names, local files), got "
+                    f"{value!r}."
+                )
+        for name in ("dataset_split", "problem_field", "answer_field", "instruction"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a string or null, got {value!r} ({type(value).__name__}).")
         self.dataset_name = _split_names(self.dataset_name)
         self.eval_dataset_name = _split_names(self.eval_dataset_name)
         if isinstance(self.instruction, str) and self.instruction.strip().lower() in _NONE_STRINGS:
             self.instruction = None
-        if self.reward not in REWARDS:  # argparse does not check choices of values that come from the YAML file
+        if not isinstance(self.reward, str) or self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {list(REWARDS)}, got {self.reward!r}.")
         if isinstance(self.reward_timeout, bool) or not isinstance(self.reward_timeout, (int, float)):
             raise ValueError(f"reward_timeout must be a number of seconds, got {self.reward_timeout!r}.")
@@ -145,21 +161,55 @@ def _split_names(names: Sequence[str] | None) -> list[str] | None:
 DATACLASS_TYPES = (ScriptArguments, PolicyLossConfig, ModelConfig)
 
 
+class _NotGiven:
+    """Stand-in default of a field that neither the recipe nor the command line set; prints as the real default."""
+
+    def __init__(self, default):
+        self.default = default
+
+    def __str__(self):
+        return str(self.default)
+
+
 class _RecipeParser(TrlParser):
-    """`TrlParser` whose command-line ``--field none`` overrides (`unset`) win over the recipe's values.
+    """`TrlParser` whose command-line ``--field none`` overrides (`unset`) win over the recipe's values, whose argparse
+    errors raise `ConfigError`, and which runs `check` on the parsed values before the dataclasses are built.
 
     argparse would hand the string "none" to the field's type (``float("none")`` fails), so these fields are removed
-    from the command line and set to None as defaults, after `TrlParser` has applied the recipe's defaults.
+    from the command line and set to None as defaults, after `TrlParser` has applied the recipe's defaults. `check`
+    receives ``(namespace, remaining strings, given)``, where `given` holds the fields among `policy_loss` and the
+    loss-specific ones that the recipe (`recipe_keys`) or the command line set.
     """
 
     def __init__(self, dataclass_types, **kwargs):
         super().__init__(dataclass_types, **kwargs)
         self.unset: tuple[str, ...] = ()
+        self.recipe_keys: frozenset[str] = frozenset()
+        self.check = None
+
+    def error(self, message):  # argparse would print the whole usage and exit; the caller reports and exits
+        raise ConfigError(message)
 
     def parse_known_args(self, args=None, namespace=None):
+        tracked = ("policy_loss", *loss_specific_fields()) if self.check is not None else ()
+        not_given = {name: _NotGiven(self.get_default(name)) for name in tracked if name not in self.recipe_keys}
+        self.set_defaults(**not_given)
         if self.unset:
             self.set_defaults(**dict.fromkeys(self.unset))
-        return super().parse_known_args(args, namespace)
+        try:
+            namespace, remaining = super().parse_known_args(args, namespace)
+        finally:
+            self.set_defaults(**{name: stand_in.default for name, stand_in in not_given.items()})
+        given = set()
+        for name in tracked:
+            value = getattr(namespace, name)
+            if isinstance(value, _NotGiven):
+                setattr(namespace, name, value.default)
+            else:
+                given.add(name)
+        if self.check is not None:
+            self.check(namespace, remaining, given)
+        return namespace, remaining
 
 
 def make_parser(prog: str | None = None) -> TrlParser:
@@ -211,25 +261,16 @@ def _normalize_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
 
 
 def load_recipe(path: str | os.PathLike, known: set[str] | None = None) -> dict:
-    """Read a recipe YAML file as a dict, raising `ConfigError` for unreadable files and unknown keys.
+    """Read a recipe YAML file as a dict, raising `ConfigError` for unreadable files, YAML syntax errors (with a hint
+    at the likely cause), repeated keys and unknown keys.
 
     Args:
         path: the recipe. An empty file is an empty recipe.
         known: valid keys (`known_keys()`); None skips the key check. ``env`` (variables to export) is always valid.
     """
-    import yaml
-
-    try:
-        with open(path) as handle:
-            recipe = yaml.safe_load(handle)
-    except OSError as err:
-        raise ConfigError(f"cannot read recipe {os.fspath(path)!r}: {err}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"recipe {os.fspath(path)!r} is not valid YAML: {err}") from None
+    recipe = read_recipe_yaml(path)
     if recipe is None:
         recipe = {}
-    if not isinstance(recipe, dict):
-        raise ConfigError(f"recipe {os.fspath(path)!r} must be a YAML mapping of field: value.")
     if "env" in recipe and not isinstance(recipe["env"], dict):
         raise ConfigError(f"`env` in recipe {os.fspath(path)!r} must be a mapping of variable: value.")
     if known is not None:
@@ -278,37 +319,51 @@ def parse_args(argv: Sequence[str] | None = None):
     `TrlParser.parse_args_and_config` exports the recipe's ``env:`` mapping, makes its values the parser's defaults
     and lets the command line override them; ``--field none`` sets a nullable numeric field to None.
 
+    Checked in this order, each before anything that follows it: the recipe's syntax, repeated and unknown keys and
+    value types; unknown flags; the required fields (`model_name_or_path`, `dataset_name`); an explicit `policy_loss`
+    when loss-specific fields are set; then the dataclasses' own checks. ``--resume_from_checkpoint true|false``
+    means what the YAML booleans mean.
+
     Returns:
         `(ScriptArguments, PolicyLossConfig, ModelConfig)`.
 
     Raises:
-        ConfigError: for an unreadable or malformed recipe, unknown recipe keys or flags (named, with the closest
-            valid names) and invalid values.
+        ConfigError: for an unreadable or malformed recipe, repeated or unknown recipe keys or flags (named, with the
+            closest valid names), missing required fields and invalid values.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     known = known_keys()
     config_path, argv = _normalize_config_flag(argv)
+    recipe = {}
     # Checked before TrlParser exports `env:` and builds the dataclasses, whose own errors would hide a misspelled key.
-    if config_path is not None and not load_recipe(config_path, known):
+    if config_path is not None:
+        recipe = load_recipe(config_path, known)
+        check_recipe_types(recipe, DATACLASS_TYPES, f"in recipe {config_path!r}")
+    if config_path is not None and not recipe:
         at = argv.index("--config")  # an empty recipe sets nothing (TrlParser rejects a file that holds no mapping)
         del argv[at : at + 2]
     argv, nones = _pop_none_overrides(argv, _nullable_fields())
     parser = make_parser()
     parser.unset = tuple(nones)
+    parser.recipe_keys = frozenset(recipe)
+
+    def unknown_flags(names, rest):
+        return _unknown_message("argument(s)", names, known, f"on the command line ({rest})")
+
+    parser.check = functools.partial(check_namespace, unknown_message=unknown_flags)
     try:
-        *parsed, recipe_rest, argv_rest = parser.parse_args_and_config(
+        *parsed, recipe_rest, _ = parser.parse_args_and_config(
             argv, return_remaining_strings=True, separate_remaining_strings=True
         )
+    except ConfigError:
+        raise
     except (ValueError, TypeError) as err:  # __post_init__ validation of any of the three dataclasses
         hint = " (on the command line: `--<field> none`)" if "None" in str(err) else ""
+        hint += _CPU_HINT if "bf16" in str(err) and "use_cpu" in str(err) else ""
         raise ConfigError(f"invalid configuration: {err}{hint}") from err
     if recipe_rest:  # recipe keys TrlParser did not consume, as ["--key", "value", ...]
         names = [flag[2:] for flag in recipe_rest[::2]]
         raise ConfigError(_unknown_message("field(s)", names, known, f"in recipe {config_path!r}"))
-    if argv_rest:
-        flags = [s.split("=", 1)[0].lstrip("-").replace("-", "_") for s in argv_rest if s.startswith("-")]
-        names = flags or list(argv_rest)
-        raise ConfigError(_unknown_message("argument(s)", names, known, f"on the command line ({argv_rest})"))
     script_args, training_args, model_args = parsed
     if not script_args.dataset_name:
         mixes = ", ".join(TRAINING_MIXES)
