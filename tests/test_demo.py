@@ -168,3 +168,21 @@ def test_observations_are_computed_not_asserted():
     assert "BandPO put a smaller share of its upper-side clipping on tail tokens (p < 0.2) than GRPO: yes (0.1" in text
     assert "BandPO reached a higher held-out accuracy (T=1) than GRPO: yes, within noise (0.505 vs 0.500)" in text
     assert "GRPO improved held-out accuracy (T=1) over the warm start: yes (0.400 -> 0.500)" in text
+
+
+def test_clip_rate_panel_groups_off_policy_updates_by_generation_batch():
+    """The per-step clip rate is a sawtooth (0 on the first, on-policy update of each generation batch): the
+    figure plots one value per batch, the mean of its off-policy updates, so methods can be compared."""
+    from trl_bandpo.demo.figure import clip_rate_per_generation_batch
+
+    updates = 4
+    per_batch = [0.10, 0.30]
+    history = []
+    for batch, rate in enumerate(per_batch):
+        for k in range(updates):
+            step = batch * updates + k + 1
+            history.append({"step": step, "clip_ratio/region_mean": 0.0 if k == 0 else rate + 0.01 * (k - 2)})
+    xs, ys = clip_rate_per_generation_batch(history, updates)
+    assert xs == [4, 8]
+    assert ys == pytest.approx(per_batch)  # the on-policy zeros are left out, the rest averaged
+    assert clip_rate_per_generation_batch(history, 1) == ([], [])

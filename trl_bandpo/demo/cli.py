@@ -201,7 +201,8 @@ def _run(args, settings, train_rows, eval_rows, out: Path, total_start: float) -
 
     # 3. outputs
     write_metrics_csv(out / "metrics.csv", histories)
-    figure = plot_figure(out / "figure.png", histories, labels, args.steps)
+    updates = args.steps_per_generation * args.num_iterations  # optimizer steps per generation batch
+    figure = plot_figure(out / "figure.png", histories, labels, args.steps, updates_per_generation=updates)
     reference = "grpo" if "grpo" in rows else next(iter(rows))
     notes = observations(rows, reference, warm)
     total_seconds = time.time() - total_start

@@ -41,8 +41,32 @@ def _windowed_tail_share(history, window: int):
     return xs, ys
 
 
-def plot_figure(path: Path, histories: dict[str, list[dict]], labels: dict[str, str], steps: int) -> bool:
-    """The four panels (reward, entropy, clip rate, tail share of upper clipping); False if matplotlib is missing."""
+def clip_rate_per_generation_batch(history, updates: int):
+    """Mean `clip_ratio/region_mean` over the off-policy updates of each generation batch, at the batch's last step.
+
+    Each generation batch is trained on for `updates` optimizer steps; the first runs on the policy that sampled it
+    (every ratio is 1, so it clips nothing and logs 0). A per-step curve is therefore a sawtooth that drops to 0 once
+    per batch; averaging the other `updates - 1` steps gives one comparable value per batch. With `updates == 1`
+    every step is on-policy and nothing is returned.
+    """
+    rates = {int(e["step"]): to_float(e.get("clip_ratio/region_mean")) for e in history if "step" in e}
+    xs, ys = [], []
+    for first in range(1, max(rates, default=0) + 1, updates):
+        batch = [rates.get(step, math.nan) for step in range(first + 1, first + updates)]  # skip the on-policy one
+        batch = [v for v in batch if math.isfinite(v)]
+        if batch:
+            xs.append(first + updates - 1)
+            ys.append(sum(batch) / len(batch))
+    return xs, ys
+
+
+def plot_figure(
+    path: Path, histories: dict[str, list[dict]], labels: dict[str, str], steps: int, updates_per_generation: int = 1
+) -> bool:
+    """The four panels (reward, entropy, clip rate, tail share of upper clipping); False if matplotlib is missing.
+
+    `updates_per_generation` (`steps_per_generation x num_iterations`) groups the clip rate by generation batch.
+    """
     try:
         import matplotlib
 
@@ -54,13 +78,23 @@ def plot_figure(path: Path, histories: dict[str, list[dict]], labels: dict[str, 
     panels = [
         ("reward", "training reward (mean over the generation batch)"),
         ("entropy", "entropy (nats/token)"),
-        ("clip_ratio/region_mean", "clip rate (clip_ratio/region_mean)"),
+        (
+            "clip_ratio/region_mean",
+            f"clip rate per generation batch (mean of its {updates_per_generation - 1} off-policy updates; "
+            "bold: 5 batches)",
+        ),
         ("clip_ratio/high_tail_share", f"share of upper clipping on tail tokens (p<{TAIL_P}), {pool}-step pools"),
     ]
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), constrained_layout=True)
     for ax, (key, title) in zip(axes.flat, panels):
         for index, (method, history) in enumerate(histories.items()):
             color = f"C{index}"
+            if key == "clip_ratio/region_mean" and updates_per_generation > 1:
+                # the first update on each batch is on-policy (r = 1, nothing clipped): group by batch instead
+                xs, ys = clip_rate_per_generation_batch(history, updates_per_generation)
+                ax.plot(xs, ys, color=color, alpha=0.25, linewidth=0.8)
+                ax.plot(xs, _smooth(ys, 5), color=color, linewidth=1.8, label=labels[method])
+                continue
             if key == "clip_ratio/high_tail_share":
                 # a step's share rests on a handful of clipped tokens: pool the counts over a window instead
                 xs, ys = _windowed_tail_share(history, pool)
