@@ -59,6 +59,17 @@ def test_adding_a_policy_loss_walkthrough_runs(monkeypatch, tmp_path):
     assert any("clip_ratio/region_mean" in entry for entry in trainer.state.log_history)
 
 
+def test_readme_offline_example_runs(monkeypatch, tmp_path):
+    """The README's offline CPU example runs as written: tiny local model, local JSONL, two BandPO steps."""
+    monkeypatch.chdir(tmp_path)
+    blocks = [b for b in fenced_blocks((REPO / "README.md").read_text(), "python") if "save_tiny_model" in b]
+    assert len(blocks) == 1
+    namespace = {"__name__": "readme_example"}
+    exec(compile(blocks[0], "README.md", "exec"), namespace)  # noqa: S102
+    steps = [entry for entry in namespace["trainer"].state.log_history if "loss" in entry]
+    assert len(steps) == 2 and all(1.0 < entry["bounds/upper_mean"] <= 10.0 for entry in steps)
+
+
 def test_policy_loss_snippets_run():
     """The short pure-API snippets of the reference pages run as written."""
     for page in ("band-operator.md", "policy-losses.md"):
