@@ -7,21 +7,25 @@ Pure Python, linear time, no `math_verify`: what the rewards (`trl_bandpo.reward
   (or ``\fbox{...}``, or ``\boxed 42``) of a completion.
 * `is_admissible` rejects answers not worth verifying: empty, longer than `MAX_ANSWER_CHARS`, or nested deeper
   than `MAX_BRACE_DEPTH` braces.
-* `canonical_text` is a light LaTeX normal form (``\dfrac``/``\text{}``/spacing/``$``, leading zeros of integers,
-  case): answers with equal normal forms are equal without any sympy work.
+* `canonical_text` is a conservative LaTeX normal form (``$``, ``\dfrac``, ``\left``/``\right``, whitespace next to
+  operators and brackets, leading zeros and sign of integers): answers with equal normal forms are equal for
+  `math_verify` too, so they are accepted without any sympy work.
 * `gold_alternatives` turns a ground truth (string, number, list of alternatives, worked solution) into LaTeX
   strings.
 """
 
 from __future__ import annotations
 
+import decimal
 import math
+import numbers
 import re
 from typing import Any
 
 __all__ = [
     "MAX_ANSWER_CHARS",
     "MAX_BRACE_DEPTH",
+    "MAX_GOLD_DIGITS",
     "brace_depth",
     "canonical_text",
     "completion_text",
@@ -32,6 +36,7 @@ __all__ = [
 
 MAX_ANSWER_CHARS = 1000  # longest boxed answer we try to verify (real answers are well under 300 characters)
 MAX_BRACE_DEPTH = 16  # deepest brace nesting we try to verify (\frac{\sqrt{..}}{..} is depth 2)
+MAX_GOLD_DIGITS = 20_000  # longest integer ground truth we write out (a longer one has no usable gold answer)
 
 _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 
@@ -130,31 +135,75 @@ def is_admissible(answer: str | None) -> bool:
     )
 
 
-_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}")
-_IGNORABLE = re.compile(r"\\left(?![a-zA-Z])|\\right(?![a-zA-Z])|\\[,;:! ]|\\(?:quad|qquad)(?![a-zA-Z])|\s+|\$")
+# Tokens of the normal form: a text-like command with its braced argument (one token, kept verbatim: spaces inside
+# text are meaningful), a control word, a control symbol (``\,``, ``\{``, ``\ ``), a run of whitespace, one character.
+_TEXT_COMMAND = re.compile(r"\\(?:text[a-z]*|[mh]box|math(?:rm|bf|it|sf|tt)|operatorname)\s*(?=\{)")
+_TOKEN = re.compile(r"\\[A-Za-z]+|\\.|\s+|.", re.DOTALL)
+# Characters (and control symbols) next to which whitespace does not change what math_verify reads (checked in the
+# tests). Not the comma (``1, 000`` is a pair, ``1,000`` a thousand), the period, letters or digits (``1 2``, ``12``).
+_SPACE_NEUTRAL = frozenset("+-*/=<>()[]{}^_|") | {"\\{", "\\}", "\\|"}
+_DELIMITERS = frozenset("()[]|") | {"\\{", "\\}", "\\|"}  # what \left and \right may be dropped before
+_SAME_COMMAND = {"\\dfrac": "\\frac", "\\tfrac": "\\frac"}
 
 
 def canonical_text(answer: str) -> str:
-    r"""A light normal form for the pure-string check: equal normal forms imply equal answers.
+    r"""A conservative normal form for the pure-string check: equal normal forms are equal answers for `math_verify`.
 
-    Drops ``$``, spacing commands, whitespace, ``\left``/``\right``; unwraps ``\text{..}``-like commands; maps
-    ``\dfrac``/``\tfrac`` to ``\frac``; lowercases; strips a trailing period; and writes integers without leading
-    zeros (``007`` -> ``7``).
+    It is the shortcut that accepts an answer without `math_verify`, so it only performs rewrites checked not to change
+    a verdict (false positives are the worst error of a reward: the policy learns to produce them). It drops
+    unescaped ``$``; writes ``\dfrac``/``\tfrac`` as ``\frac``; drops ``\left``/``\right`` before a bracket or bar;
+    drops whitespace next to an operator or bracket (``+ - * / = < > ( ) [ ] { } ^ _ |``) or before a command, and
+    collapses the rest to one space (``1 2`` stays apart from ``12``, ``\pi r`` from ``\pir``); and writes an integer
+    without leading zeros or ``+`` sign (``007`` -> ``7``, ``-0`` -> ``0``). Case, commas, periods, spacing commands
+    (``\,``, ``\;``) and the insides of ``\text{..}``-like commands are kept as they are: `math_verify` reads
+    ``\Alpha`` and ``\alpha``, ``1, 000`` and ``1,000``, ``7.`` and ``7``, ``\text{pi}`` and ``pi`` differently.
+    Each rule is checked against `math_verify` by ``tests/test_rewards_normal_form.py``.
     """
-    text = _TEXT_WRAPPER.sub(r"\1", answer)
-    text = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
-    text = _IGNORABLE.sub("", text).rstrip(".").lower()
-    if re.fullmatch(r"[+-]?\d{1,1000}", text):
-        sign = "-" if text.startswith("-") else ""
+    tokens = [_SAME_COMMAND.get(t, t) for t in _tokens(answer) if t != "$"]
+    kept: list[str] = []
+    for token in reversed(tokens):  # backwards: the token after a \left is known when it is reached
+        if token in ("\\left", "\\right"):
+            following = next((t for t in reversed(kept) if not t.isspace()), "")
+            if following in _DELIMITERS:
+                continue
+        kept.append(token)
+    kept.reverse()
+    out: list[str] = []
+    for i, token in enumerate(kept):
+        if token.isspace():
+            before = out[-1] if out else ""
+            after = kept[i + 1] if i + 1 < len(kept) else ""
+            neutral = before in _SPACE_NEUTRAL or after in _SPACE_NEUTRAL or after.startswith("\\")
+            if neutral or not before or not after or after.isspace():
+                continue
+            token = " "
+        out.append(token)
+    text = "".join(out)
+    if re.fullmatch(r"[+-]?\d+", text):
         digits = text.lstrip("+-").lstrip("0") or "0"
-        text = ("" if digits == "0" else sign) + digits
+        text = ("-" if text.startswith("-") and digits != "0" else "") + digits
     return text
+
+
+def _tokens(text: str) -> list[str]:
+    tokens: list[str] = []
+    pos = 0
+    while pos < len(text):
+        command = _TEXT_COMMAND.match(text, pos) if text[pos] == "\\" else None
+        argument = _braced_argument(text, command.end()) if command else None
+        end = command.end() + len(argument) + 2 if argument is not None else _TOKEN.match(text, pos).end()
+        tokens.append(text[pos:end])
+        pos = end
+    return tokens
 
 
 def gold_alternatives(solution: Any) -> list[str]:
     r"""Ground-truth answer(s) as LaTeX strings: numbers are formatted, lists are alternatives, ``$`` are dropped.
 
     A gold answer that contains ``\boxed{..}`` (a full worked solution) is reduced to its last boxed argument.
+    Integers are written out exactly in decimal, also beyond Python's limit on integer-to-string conversion (4300
+    digits), up to `MAX_GOLD_DIGITS` digits; a longer integer, a non-finite float or any other type gives no
+    alternative (every answer to it scores wrong).
     """
     if solution is None or isinstance(solution, bool):
         return []
@@ -164,13 +213,25 @@ def gold_alternatives(solution: Any) -> list[str]:
         if not math.isfinite(solution):
             return []
         text = repr(int(solution)) if solution.is_integer() else repr(solution)
-    elif isinstance(solution, int):
-        text = str(solution)
+    elif isinstance(solution, numbers.Integral):  # int, numpy integers
+        text = _integer_text(int(solution))
     elif isinstance(solution, str):
         text = solution
     else:
+        return []
+    if text is None:
         return []
     if _BOX_COMMAND.search(text):
         text = extract_boxed_answer(text) or ""
     text = re.sub(r"(?<!\\)\$", "", text).strip()
     return [text] if text else []
+
+
+def _integer_text(value: int) -> str | None:
+    """Exact decimal digits of `value` (None beyond `MAX_GOLD_DIGITS`), without ``str``'s 4300-digit limit."""
+    if value.bit_length() > (MAX_GOLD_DIGITS + 1) * math.log2(10):
+        return None
+    if value.bit_length() < 2000:  # under 603 digits: within any limit `sys.set_int_max_str_digits` accepts (>= 640)
+        return str(value)
+    text = str(decimal.Decimal(value))  # exact: building a Decimal from an int never rounds, nor has that limit
+    return text if len(text.lstrip("-")) <= MAX_GOLD_DIGITS else None

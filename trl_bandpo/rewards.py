@@ -8,16 +8,22 @@ the `math_verify_reward` factory.
 `score_completions` settles what it can cheaply (`trl_bandpo.answers`) before anything reaches `math_verify`:
 
 * answers longer than `MAX_ANSWER_CHARS` or nested deeper than `MAX_BRACE_DEPTH` braces score wrong at once,
-* a pure-string check (after light LaTeX normalisation: ``\dfrac``/``\text{}``/spacing/``$``, leading zeros of
-  integers, case) accepts identical answers without any sympy work,
+* a pure-string check (after a conservative LaTeX normal form, `canonical_text`: ``$``, ``\dfrac``, ``\left``,
+  whitespace next to operators, leading zeros of integers) accepts identical answers without any sympy work; it
+  never accepts what `math_verify` would reject (a false positive teaches the policy to produce it),
 * the rest goes to `trl_bandpo.verifier`, which runs `math_verify` in worker processes with a wall-clock bound per
   answer (from any thread, without signals) and caches verdicts per (gold, answer) pair.
+
+Time is bounded per answer (``timeout_s``) and per call (``call_timeout_s``, default `default_call_timeout`): once
+a call's budget is spent, the answers not yet verified score wrong (a warning says how many), and an answer that
+timed out once is not verified again in that call against another gold.
 
 Nothing here executes model output: answers are only handed to `math_verify.parse` with the LaTeX extractor.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Sequence
@@ -41,6 +47,7 @@ __all__ = [
     "boxed_accuracy_reward",
     "boxed_signed_reward",
     "completion_text",
+    "default_call_timeout",
     "extract_boxed_answer",
     "is_equivalent",
     "math_verify_reward",
@@ -48,10 +55,32 @@ __all__ = [
 ]
 
 
+_LOGGER = logging.getLogger(__name__)
+
+
 def _check_timeout(timeout_s: Any) -> float:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
         raise ValueError(f"timeout_s must be a positive finite number of seconds, got {timeout_s!r}")
     return float(timeout_s)
+
+
+def _check_call_timeout(call_timeout_s: Any) -> float | None:
+    if call_timeout_s is None:
+        return None
+    if isinstance(call_timeout_s, bool) or not isinstance(call_timeout_s, (int, float)) or not call_timeout_s > 0:
+        raise ValueError(f"call_timeout_s must be None or a positive number of seconds, got {call_timeout_s!r}")
+    return float(call_timeout_s)
+
+
+def default_call_timeout(timeout_s: float, num_workers: int, num_pairs: int) -> float:
+    """Default wall-time budget of one reward call: ``timeout_s * (4 + num_pairs / (8 * num_workers))``.
+
+    Four per-answer timeouts, plus an eighth of one per (gold, answer) pair each worker has to verify. Honest answers
+    take a few hundredths of a second each, so even a large evaluation batch is never cut off, while a batch of slow
+    answers costs a bounded multiple of `timeout_s`: 64 of them with ``timeout_s=2`` on 2 workers cost 16 s, not
+    their 64 timeouts in turn. Worker start-up (about a second, once) is not counted.
+    """
+    return timeout_s * (4 + num_pairs / (8 * num_workers))
 
 
 def _check_num_workers(num_workers: Any) -> int:
@@ -67,20 +96,28 @@ def score_completions(
     solutions: Sequence[Any],
     timeout_s: float = 2.0,
     num_workers: int | None = None,
+    call_timeout_s: float | None = None,
 ) -> list[bool]:
     """Correctness of each completion's last boxed answer against its ground truth.
 
     Args:
         completions: N strings or conversations (see `completion_text`).
         solutions: N ground truths (string, number, or list of acceptable alternatives).
-        timeout_s: wall-clock budget per verified answer; an answer that exceeds it is wrong.
+        timeout_s: wall-clock limit per verified answer; an answer that exceeds it is wrong, and it is not verified
+            again in this call against another gold.
         num_workers: verifier processes used in parallel (default `DEFAULT_NUM_WORKERS`).
+        call_timeout_s: wall-clock budget of the whole call, counted from the first ready verifier process (default
+            `default_call_timeout` of the distinct (gold, answer) pairs the string check leaves to `math_verify`;
+            ``math.inf`` for none). When it runs out, every answer not yet verified is wrong, a warning says how
+            many, and the call returns promptly.
 
     Returns:
-        N booleans. Never raises on bad answers: missing, malformed, oversized or too slow answers are False.
+        N booleans. Never raises on bad answers or ground truths: missing, malformed, oversized, unverifiable or too
+        slow answers are False.
     """
     timeout_s = _check_timeout(timeout_s)
     num_workers = _check_num_workers(num_workers)
+    call_timeout_s = _check_call_timeout(call_timeout_s)
     if len(completions) != len(solutions):
         raise ValueError(
             f"completions and solutions must have the same length, got {len(completions)} and {len(solutions)}"
@@ -88,28 +125,43 @@ def score_completions(
     flags = [False] * len(completions)
     pending: list[tuple[int, list[tuple[str, str]]]] = []  # (row, [(gold, answer) for each gold alternative])
     for row, (completion, solution) in enumerate(zip(completions, solutions, strict=True)):
-        answer = extract_boxed_answer(completion_text(completion))
-        golds = gold_alternatives(solution)
-        if not golds or not is_admissible(answer):
-            continue
-        answer = answer.strip()
-        canonical = canonical_text(answer)
-        if any(canonical_text(gold) == canonical for gold in golds):
-            flags[row] = True
-        else:
-            pending.append((row, [(gold, answer) for gold in golds]))
+        try:
+            answer = extract_boxed_answer(completion_text(completion))
+            golds = gold_alternatives(solution)
+            if not golds or not is_admissible(answer):
+                continue
+            answer = answer.strip()
+            canonical = canonical_text(answer)
+            if any(canonical_text(gold) == canonical for gold in golds):
+                flags[row] = True
+            else:
+                pending.append((row, [(gold, answer) for gold in golds]))
+        except Exception:  # noqa: BLE001 - an unreadable completion or ground truth scores wrong
+            _LOGGER.debug("row %d could not be read; it scores wrong", row, exc_info=True)
     all_pairs = [pair for _, pairs in pending for pair in pairs]
-    verdicts = verify_pairs(all_pairs, timeout_s, num_workers)
-    start = 0
+    if call_timeout_s is None:
+        call_timeout_s = default_call_timeout(timeout_s, num_workers, len(set(all_pairs)))
+    verdicts = verify_pairs(all_pairs, timeout_s, num_workers, call_timeout_s)
+    start, cut_off = 0, 0
     for row, pairs in pending:  # each row takes the verdicts of its gold alternatives, in order
-        flags[row] = any(verdicts[start : start + len(pairs)])
+        row_verdicts = verdicts[start : start + len(pairs)]
+        flags[row] = any(verdict is True for verdict in row_verdicts)
+        cut_off += not flags[row] and None in row_verdicts
         start += len(pairs)
+    if cut_off:
+        _LOGGER.warning(
+            "math_verify reward: the call's budget of %.1f s ran out; %d of %d answers were not verified and score "
+            "wrong (raise call_timeout_s, or timeout_s, to verify them)",
+            call_timeout_s,
+            cut_off,
+            len(flags),
+        )
     return flags
 
 
-def is_equivalent(gold: Any, answer: str, timeout_s: float = 2.0) -> bool:
+def is_equivalent(gold: Any, answer: str, timeout_s: float = 2.0, call_timeout_s: float | None = None) -> bool:
     r"""Whether the LaTeX `answer` (the inside of a box, e.g. ``\frac{1}{2}``) equals the ground truth `gold`."""
-    return score_completions([f"\\boxed{{{answer}}}"], [gold], timeout_s=timeout_s)[0]
+    return score_completions([f"\\boxed{{{answer}}}"], [gold], timeout_s=timeout_s, call_timeout_s=call_timeout_s)[0]
 
 
 class MathVerifyReward:
@@ -117,7 +169,8 @@ class MathVerifyReward:
 
     Call as ``reward(completions, solution, **kwargs) -> list[float]`` (N completions, N ground truths); TRL passes
     the dataset's ``solution`` column and extra keyword arguments, which are ignored. ``__name__`` names the metric.
-    Instances are picklable (TRL may ship reward functions to other processes).
+    Each call is bounded per answer (`timeout_s`) and as a whole (`call_timeout_s`, default `default_call_timeout`):
+    see `score_completions`. Instances are picklable (TRL may ship reward functions to other processes).
     """
 
     def __init__(
@@ -127,6 +180,7 @@ class MathVerifyReward:
         timeout_s: float = 2.0,
         name: str = "math_verify_reward",
         num_workers: int | None = None,
+        call_timeout_s: float | None = None,
     ) -> None:
         for arg, value in (("correct", correct), ("wrong", wrong)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -137,6 +191,7 @@ class MathVerifyReward:
         self.wrong = float(wrong)
         self.timeout_s = _check_timeout(timeout_s)
         self.num_workers = None if num_workers is None else _check_num_workers(num_workers)
+        self.call_timeout_s = _check_call_timeout(call_timeout_s)
         self.__name__ = name
         self.__qualname__ = name
 
@@ -150,13 +205,15 @@ class MathVerifyReward:
             )
         if isinstance(solution, (str, bytes)):
             raise ValueError("solution must be a list with one ground truth per completion, got a single string")
-        flags = score_completions(completions, solution, timeout_s=self.timeout_s, num_workers=self.num_workers)
+        flags = score_completions(
+            completions, solution, self.timeout_s, num_workers=self.num_workers, call_timeout_s=self.call_timeout_s
+        )
         return [self.correct if flag else self.wrong for flag in flags]
 
     def __repr__(self) -> str:
         return (
             f"MathVerifyReward(correct={self.correct}, wrong={self.wrong}, timeout_s={self.timeout_s}, "
-            f"name={self.__name__!r})"
+            f"call_timeout_s={self.call_timeout_s}, name={self.__name__!r})"
         )
 
 
@@ -167,6 +224,7 @@ def math_verify_reward(
     *,
     name: str = "math_verify_reward",
     num_workers: int | None = None,
+    call_timeout_s: float | None = None,
 ) -> MathVerifyReward:
     r"""A reward ``fn(completions, solution, **kwargs) -> list[float]`` scoring the last ``\boxed{}`` answer.
 
@@ -176,8 +234,17 @@ def math_verify_reward(
         timeout_s: wall-clock limit per answer, enforced by killing the verifier process (works in any thread).
         name: ``__name__`` of the function, which TRL uses for the metric ``rewards/<name>/mean``.
         num_workers: verifier processes used in parallel (default ``min(4, cpu_count)``).
+        call_timeout_s: wall-clock budget of one call (default `default_call_timeout`); answers not verified when it
+            runs out score `wrong`, and a warning says how many.
     """
-    return MathVerifyReward(correct=correct, wrong=wrong, timeout_s=timeout_s, name=name, num_workers=num_workers)
+    return MathVerifyReward(
+        correct=correct,
+        wrong=wrong,
+        timeout_s=timeout_s,
+        name=name,
+        num_workers=num_workers,
+        call_timeout_s=call_timeout_s,
+    )
 
 
 boxed_accuracy_reward = math_verify_reward(correct=1.0, wrong=0.0, name="boxed_accuracy_reward")
