@@ -86,6 +86,8 @@ def expected_weight(name, r, a, lo, hi, hp):
         if r < lo:
             return 0.0
         return c_neg if r > c_neg else r
+    if name == "cispo":  # the DGPO paper's CISPO: both-sided clipped weight everywhere, never 0
+        return min(max(r, lo), hi)
     if name == "dgpo":
         n, m = hp.get("n", 1), hp.get("m", 2.0)
         if reg == "LN":
@@ -117,6 +119,8 @@ def dgpo_surrogate_value(pi, p, a, lo, hi, n, m):
 
 
 def expected_value(name, r, a, lo, hi, hp, pi, p):
+    if name == "cispo":  # forward value: -A times the clipped ratio
+        return -a * min(max(r, lo), hi)
     if name in CLIPPED:
         return trl_clip_value(r, a, lo, hi, hp.get("delta"))
     if name == "dgpo":
@@ -147,6 +151,7 @@ HP_CASES = {
     "gppo": [{}, {"epsilon_high": 0.28}],
     "ce_gppo": [{}, {"beta1": 0.75, "beta2": 1.0}, {"beta1": 0.5, "beta2": 0.5}],
     "aspo": [{}, {"epsilon_high": 0.28}, {"c_pos": 2.0, "c_neg": 5.0}],
+    "cispo": [{}, {"epsilon_low": 0.1, "epsilon_high": 0.28}],
 }
 CASES = [(name, hp) for name in POLICY_LOSSES for hp in HP_CASES[name]]
 
@@ -425,6 +430,7 @@ SAFETY_HP = {
     "gppo": [{}],
     "ce_gppo": [{}],
     "aspo": [{}],
+    "cispo": [{}, {"epsilon_low": 0.1, "epsilon_high": 0.28}],
 }
 
 
@@ -544,7 +550,7 @@ def test_unknown_name_raises_value_error_listing_names():
         policy_loss("ppo_plus", x, x, torch.ones(1, 1))
     for name in POLICY_LOSSES:
         assert name in str(info.value)
-    assert set(POLICY_LOSSES) == {"clip", "band", "relaxed_band", "dgpo", "gppo", "ce_gppo", "aspo", "dcpo"}
+    assert set(POLICY_LOSSES) == {"clip", "band", "relaxed_band", "dgpo", "gppo", "ce_gppo", "aspo", "dcpo", "cispo"}
 
 
 @pytest.mark.parametrize(

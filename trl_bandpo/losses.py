@@ -57,6 +57,7 @@ __all__ = [
     "aspo_loss",
     "band_policy_bounds",
     "ce_gppo_loss",
+    "cispo_loss",
     "clip_bounds",
     "clip_regions",
     "clip_value",
@@ -232,6 +233,15 @@ def _as_weight(bound: Bound) -> Bound:
 
 
 
+def cispo_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, lower: Bound, upper: Bound) -> torch.Tensor:
+    """CISPO as the DGPO paper ran it (its Table 12: eps = 0.2 / 0.2): every token keeps a gradient, with the
+    importance weight clipped on both sides, `w = sg(clip(r, lower, upper))` on `grad log pi` in all four regions.
+    Forward value: the clipped ratio. (TRL's `loss_type="cispo"` caps from above only, `min(r, epsilon_high)`:
+    without the lower cap the left-boundary weight of CISPO differs; docs/policy-losses.md, "CISPO".)"""
+    weight = _clamp(safe_exp(log_ratio.detach()), lower, upper)
+    return reweighted_surrogate(log_ratio, advantages, weight, weight)
+
+
 def dgpo_metrics(
     log_ratio: torch.Tensor,
     advantages: torch.Tensor,
@@ -342,6 +352,7 @@ register_policy_loss(
     )
 )
 register_policy_loss(PolicyLossSpec("gppo", clip_bounds, gppo_loss, _CLIP, incompatible=_NO_DUAL_CLIP))
+register_policy_loss(PolicyLossSpec("cispo", clip_bounds, cispo_loss, _CLIP, incompatible=_NO_DUAL_CLIP))
 register_policy_loss(
     PolicyLossSpec(
         "ce_gppo",
