@@ -50,16 +50,23 @@ def clip_counts(
 
     Returns:
         `{name: (numerator, denominator)}` for `bounds/lower_mean`, `bounds/upper_mean`,
-        `clip_ratio/high_tail_share` and `clip_ratio_by_prob/{low,high}/pA-B`.
+        `clip_ratio/high_tail_share`, `clip_ratio/any_sign_mean`, `clip_ratio/any_sign_tail_high_share` and
+        `clip_ratio_by_prob/{low,high}/pA-B`.
     """
     m = mask.float()
-    is_low = ((ratio < lower) & (advantages < 0)).float() * m  # (B, 1) ratios broadcast to (B, T) here
-    is_high = ((ratio > upper) & (advantages > 0)).float() * m
+    below, above = (ratio < lower) & (m > 0), (ratio > upper) & (m > 0)  # (B, 1) ratios broadcast to (B, T)
+    is_low = (below & (advantages < 0)).float()
+    is_high = (above & (advantages > 0)).float()
     p = torch.exp(old_logps.float())
+    tail = (p < TAIL_PROBABILITY).float()
+    out_of_bounds = (below | above).float()  # whatever the advantage's sign: the BandPO authors' count
     counts = {
         "bounds/lower_mean": ((lower.float() * m).sum(), m.sum()),
         "bounds/upper_mean": ((upper.float() * m).sum(), m.sum()),
-        "clip_ratio/high_tail_share": ((is_high * (p < TAIL_PROBABILITY)).sum(), is_high.sum()),
+        "clip_ratio/high_tail_share": ((is_high * tail).sum(), is_high.sum()),
+        # BandPO Figure 3(a) and 3(b) as its authors count them: out-of-bound tokens of either advantage sign
+        "clip_ratio/any_sign_mean": (out_of_bounds.sum(), m.sum()),
+        "clip_ratio/any_sign_tail_high_share": ((above.float() * tail).sum(), out_of_bounds.sum()),
     }
     for name, in_bucket in probability_buckets(p).items():
         in_bucket = in_bucket.float() * m
