@@ -21,6 +21,7 @@ LAYERS = {
     "band_solvers": 0,
     "loss_registry": 0,
     "loss_bounds": 0,
+    "numerics": 0,
     "losses": 0,
     "metrics": 0,
     "kernels": 1,

@@ -40,7 +40,7 @@ AS = (1.0, -1.0, 0.37, -2.5)
 
 def expected_bounds(name, p, hp):
     """(lower, upper) docs/policy-losses.md assigns to `name` at old probability `p`."""
-    if name == "band":
+    if name in ("band", "band_dgpo"):
         return BAND_KL_005[p]
     if name == "relaxed_band":  # union with the Clip-Higher interval [1 - 0.2, 1 + 0.28]
         lo, hi = BAND_KL_005[p]
@@ -88,7 +88,7 @@ def expected_weight(name, r, a, lo, hi, hp):
         return c_neg if r > c_neg else r
     if name == "cispo":  # the DGPO paper's CISPO: both-sided clipped weight everywhere, never 0
         return min(max(r, lo), hi)
-    if name == "dgpo":
+    if name in ("dgpo", "band_dgpo"):  # band_dgpo: the same decay outside the Band bounds (docs/extensions.md)
         n, m = hp.get("n", 1), hp.get("m", 2.0)
         if reg == "LN":
             return r ** (n + 1) / lo**n
@@ -123,7 +123,7 @@ def expected_value(name, r, a, lo, hi, hp, pi, p):
         return -a * min(max(r, lo), hi)
     if name in CLIPPED:
         return trl_clip_value(r, a, lo, hi, hp.get("delta"))
-    if name == "dgpo":
+    if name in ("dgpo", "band_dgpo"):
         return dgpo_surrogate_value(pi, p, a, lo, hi, hp.get("n", 1), hp.get("m", 2.0))
     # GPPO: the forward value equals clip's (docs/policy-losses.md); CE-GPPO and ASPO keep it too (losses.py's
     # documented choice).
@@ -152,6 +152,7 @@ HP_CASES = {
     "ce_gppo": [{}, {"beta1": 0.75, "beta2": 1.0}, {"beta1": 0.5, "beta2": 0.5}],
     "aspo": [{}, {"epsilon_high": 0.28}, {"c_pos": 2.0, "c_neg": 5.0}],
     "cispo": [{}, {"epsilon_low": 0.1, "epsilon_high": 0.28}],
+    "band_dgpo": [{}, {"n": 2, "m": 2.0}, {"n": 3, "m": 1.5}],
 }
 CASES = [(name, hp) for name in POLICY_LOSSES for hp in HP_CASES[name]]
 
@@ -204,7 +205,7 @@ def test_gradient_weight_and_value_per_region(name, hp):
     # Band bounds are exact to 1e-6 relative (the accuracy target of docs/band-operator.md); DCPO's bounds are
     # computed in float32 even
     # for float64 input (losses.dcpo_bounds); everything else is float64 arithmetic.
-    tol = {"band": 2e-6, "relaxed_band": 2e-6, "dcpo": 1e-6}.get(name, 1e-10)
+    tol = {"band": 2e-6, "relaxed_band": 2e-6, "band_dgpo": 2e-6, "dcpo": 1e-6}.get(name, 1e-10)
     torch.testing.assert_close(w, exp_w, rtol=tol, atol=tol)
     torch.testing.assert_close(loss, exp_v, rtol=tol, atol=tol)
 
@@ -431,6 +432,7 @@ SAFETY_HP = {
     "ce_gppo": [{}],
     "aspo": [{}],
     "cispo": [{}, {"epsilon_low": 0.1, "epsilon_high": 0.28}],
+    "band_dgpo": [{}, {"upper_max": None, "n": 2}],
 }
 
 
@@ -550,7 +552,8 @@ def test_unknown_name_raises_value_error_listing_names():
         policy_loss("ppo_plus", x, x, torch.ones(1, 1))
     for name in POLICY_LOSSES:
         assert name in str(info.value)
-    assert set(POLICY_LOSSES) == {"clip", "band", "relaxed_band", "dgpo", "gppo", "ce_gppo", "aspo", "dcpo", "cispo"}
+    builtin = {"clip", "band", "relaxed_band", "dgpo", "gppo", "ce_gppo", "aspo", "dcpo", "cispo", "band_dgpo"}
+    assert set(POLICY_LOSSES) == builtin
 
 
 @pytest.mark.parametrize(

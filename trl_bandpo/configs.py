@@ -41,7 +41,9 @@ class PolicyLossConfig(GRPOConfig):
             [paper](https://arxiv.org/abs/2603.04918)), `"relaxed_band"` (Band united with the Clip-Higher
             interval, BandPO's ablation), `"dcpo"` (DCPO's dynamic bounds), `"dgpo"`
             ([paper](https://arxiv.org/abs/2603.14389)), `"gppo"`, `"ce_gppo"`, `"aspo"`, `"cispo"` (the DGPO
-            paper's baselines; `"cispo"` clips the weight on both sides as that paper ran it). Everything but `"clip"` requires `loss_type` in `grpo`, `bnpo`, `dr_grpo`, `dapo`.
+            paper's baselines; `"cispo"` clips the weight on both sides as that paper ran it), `"band_dgpo"` (DGPO's
+            decay outside the Band bounds, beyond both papers). Everything but `"clip"` requires `loss_type` in
+            `grpo`, `bnpo`, `dr_grpo`, `dapo`.
         band_divergence (`str`, defaults to `"kl"`):
             f-divergence of the Band trust region: `"kl"`, `"tv"`, `"chi2"`, `"reverse_kl"`, `"hellinger"`, `"js"`.
         band_radius (`float`, defaults to `0.05`):

@@ -44,6 +44,7 @@ from .loss_registry import (
     register_policy_loss,
     registered_policy_losses,
 )
+from .numerics import safe_exp, upcast
 
 __all__ = [
     "BAND",
@@ -85,23 +86,6 @@ Bound = float | torch.Tensor
 # ----------------------------------------------------------------------------------------------------------------
 
 
-# Largest exponent whose exp is finite, with a margin for rounding, per compute dtype: ratios and weights are capped
-# there, so no token's ratio is inf and no `inf * 0` turns a loss or a gradient into NaN (docs/policy-losses.md,
-# "Numerics").
-RATIO_LOG_MAX = {dtype: math.log(torch.finfo(dtype).max) - 0.01 for dtype in (torch.float32, torch.float64)}
-
-
-def _upcast(x: torch.Tensor) -> torch.Tensor:
-    """`x` in float32 or wider: a half-precision ratio overflows at log-ratio 11.1 (fp16) and rounds the bounds."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
-def safe_exp(log_x: torch.Tensor) -> torch.Tensor:
-    """`exp(log_x)` in float32 or wider, capped at the dtype's largest finite value (differentiable below the cap)."""
-    log_x = _upcast(log_x)
-    return torch.exp(log_x.clamp(max=RATIO_LOG_MAX[log_x.dtype]))
-
-
 def _clamp(x: torch.Tensor, lower: Bound, upper: Bound) -> torch.Tensor:
     if torch.is_tensor(lower) or torch.is_tensor(upper):  # torch.clamp takes two tensors or two numbers
         lower, upper = torch.as_tensor(lower, dtype=x.dtype), torch.as_tensor(upper, dtype=x.dtype)
@@ -127,8 +111,10 @@ def reweighted_surrogate(
 ) -> torch.Tensor:
     """`-A * (sg(value) + sg(weight) * (log_ratio - sg(log_ratio)))`: forward `-A * value`, gradient weight
     `weight`. `value` and `weight` must be finite where `A = 0` (they are, from `safe_exp`)."""
-    log_ratio = _upcast(log_ratio)
-    return -advantages * (value.detach() + weight.detach() * (log_ratio - log_ratio.detach()))
+    log_ratio = upcast(log_ratio)
+    # 0 in value, weight in gradient; `inf - inf` at log r = -inf (pi = 0) would make it NaN: 0 there, no gradient
+    zero_with_gradient = torch.nan_to_num(log_ratio - log_ratio.detach(), nan=0.0)
+    return -advantages * (value.detach() + weight.detach() * zero_with_gradient)
 
 
 def clip_value(log_ratio, advantages, lower, upper):
@@ -217,7 +203,7 @@ def aspo_loss(
 ) -> torch.Tensor:
     """ASPO: positive-advantage tokens use the flipped weight `1/r` on `[1/c_pos, upper]` (`c_pos` below, 0 above);
     negative ones keep `r` on `[lower, c_neg]` (0 below, `c_neg` above). Forward value: the clipped surrogate's."""
-    log_ratio_d = _upcast(log_ratio.detach())
+    log_ratio_d = upcast(log_ratio.detach())
     ratio = safe_exp(log_ratio_d)
     pos = advantages > 0
     flipped = safe_exp(-log_ratio_d).clamp(max=c_pos)
@@ -348,6 +334,19 @@ register_policy_loss(
         dgpo_loss,
         (*_CLIP, Hyperparameter("n", "dgpo_n", check_power), Hyperparameter("m", "dgpo_m", check_at_least_one)),
         metrics=dgpo_metrics,
+        incompatible=_NO_DUAL_CLIP,
+    )
+)
+# Band x DGPO (beyond both papers; docs/extensions.md): DGPO's decoupled decay outside the Band bounds instead of the
+# fixed clip interval. Where the Band saturates (lower = 0 for tail tokens) the left region is empty.
+register_policy_loss(
+    PolicyLossSpec(
+        "band_dgpo",
+        band_policy_bounds,
+        dgpo_loss,
+        (*BAND, Hyperparameter("n", "dgpo_n", check_power), Hyperparameter("m", "dgpo_m", check_at_least_one)),
+        metrics=dgpo_metrics,
+        check=_check_band_solver_runs,
         incompatible=_NO_DUAL_CLIP,
     )
 )

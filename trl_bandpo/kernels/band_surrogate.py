@@ -45,7 +45,8 @@ import torch
 
 from ..band import band_bounds, validate_band_args
 from ..band_solvers import KL_NEWTON_STEPS
-from ..losses import RATIO_LOG_MAX, clipped_surrogate_loss
+from ..losses import clipped_surrogate_loss
+from ..numerics import RATIO_LOG_MAX
 from .runtime import triton_unavailable_reason
 
 __all__ = ["band_clipped_surrogate", "band_clipped_surrogate_triton", "surrogate_dtypes"]
