@@ -165,8 +165,10 @@ def test_registry_names_and_aliases():
     assert resolve_dataset_name("unknown") is None
     assert list(EVAL_BENCHMARKS) == ["aime2024", "aime2025", "amc2023", "math500", "minerva", "olympiadbench"]
     assert TRAINING_MIXES["bandpo"] == ("dapo-math-17k", "math-level3to5")
-    assert DATASETS["dapo-math-17k"].hub_id == "BytedTsinghua-SIA/DAPO-Math-17k"
-    assert DATASETS["dapo-math-17k"].answer_field == "reward_model.ground_truth"
+    assert DATASETS["dapo-math-17k"].hub_id == "open-r1/DAPO-Math-17k-Processed"  # English only (config "en")
+    assert DATASETS["dapo-math-17k"].answer_field == "solution"
+    assert DATASETS["dapo-math-17k-original"].hub_id == "BytedTsinghua-SIA/DAPO-Math-17k"
+    assert DATASETS["dapo-math-17k-original"].answer_field == "reward_model.ground_truth"
     assert DATASETS["math-level3to5"].levels == (3, 4, 5)
 
 

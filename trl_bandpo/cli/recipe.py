@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from trl import ModelConfig, TrlParser
 
 from ..configs import PolicyLossConfig
-from ..data import BOXED_INSTRUCTION, TRAINING_MIXES
+from ..data import BOXED_INSTRUCTION, PROMPT_TEMPLATES, TRAINING_MIXES
 from .errors import ConfigError
-from .recipe_checks import check_namespace, check_recipe_types, loss_specific_fields
+from .recipe_checks import check_namespace, check_prompt_fields, check_recipe_types, loss_specific_fields
 from .recipe_yaml import read_recipe_yaml
 
 __all__ = [
@@ -57,8 +57,9 @@ class ScriptArguments:
 
     Parameters:
         dataset_name (`list[str]`):
-            Training data: a mix name (`"bandpo"` = DAPO-Math-17k + MATH levels 3-5, `"dgpo"` = DAPO-Math-17k),
-            registry names from `trl_bandpo.data.DATASETS` (e.g. `dapo-math-17k`, `math-level3to5`) or local files
+            Training data: a mix name (`"bandpo"` = the BandPO authors' English DAPO-Math-17k + MATH levels 3-5,
+            `"dgpo"` = DAPO-Math-17k as released), registry names from `trl_bandpo.data.DATASETS` (e.g.
+            `dapo-math-17k`, `math-level3to5`, `dapo-math-17k-original`) or local files
             (.jsonl/.json/.parquet/.csv) / `save_to_disk` folders. Several entries are concatenated; a single string
             may also list them comma-separated.
         dataset_split (`str`, *optional*):
@@ -67,7 +68,15 @@ class ScriptArguments:
             Columns of local files holding the problem and the final answer (dotted names reach nested fields).
             Guessed when not given; ignored for registry datasets.
         instruction (`str`, *optional*):
-            Appended to every problem after a space (default: ask for the answer in `\boxed{}`). `null` for none.
+            Appended to every problem after a space by the `"boxed"` template (default: ask for the answer in
+            `\boxed{}`). `null` for none. Ignored, with a warning when set, if `prompt_template` is `"dapo"`.
+        prompt_template (`str`, defaults to `"boxed"`):
+            `"boxed"` (problem + " " + `instruction`) or `"dapo"`: DAPO's "Answer:" template, in which the BandPO
+            authors put every training and validation problem (`trl_bandpo.data.PROMPT_TEMPLATES`). It asks for the
+            answer on a last line `Answer: ...`, not in `\boxed{}`: use it with a reward that reads that line.
+        max_prompt_tokens (`int`, *optional*):
+            Drop the training (and in-training evaluation) problems whose prompt, chat template included, is longer
+            than this many tokens (the BandPO authors: 1024). `null` keeps all: TRL 1.16 does not limit prompts.
         max_train_samples (`int`, *optional*):
             Keep at most this many problems from each training dataset (quick runs).
         eval_dataset_name (`list[str]`, *optional*):
@@ -99,8 +108,12 @@ class ScriptArguments:
     problem_field: str | None = field(default=None, metadata={"help": "Problem column of local training files."})
     answer_field: str | None = field(default=None, metadata={"help": "Answer column of local training files."})
     instruction: str | None = field(
-        default=BOXED_INSTRUCTION, metadata={"help": "Appended to every problem; 'none' for nothing."}
+        default=BOXED_INSTRUCTION, metadata={"help": "Appended to every problem ('boxed'); 'none' for nothing."}
     )
+    prompt_template: str = field(
+        default="boxed", metadata={"help": "'boxed' or 'dapo' (DAPO's template).", "choices": list(PROMPT_TEMPLATES)}
+    )
+    max_prompt_tokens: int | None = field(default=None, metadata={"help": "Drop longer prompts (BandPO: 1024)."})
     max_train_samples: int | None = field(
         default=None, metadata={"help": "At most this many problems from each training dataset."}
     )
@@ -134,6 +147,7 @@ class ScriptArguments:
         self.eval_dataset_name = _split_names(self.eval_dataset_name)
         if isinstance(self.instruction, str) and self.instruction.strip().lower() in _NONE_STRINGS:
             self.instruction = None
+        check_prompt_fields(self.prompt_template, self.instruction)
         if not isinstance(self.reward, str) or self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {list(REWARDS)}, got {self.reward!r}.")
         if isinstance(self.reward_timeout, bool) or not isinstance(self.reward_timeout, (int, float)):
@@ -142,7 +156,7 @@ class ScriptArguments:
             raise ValueError(
                 f"reward_timeout must be a positive finite number of seconds, got {self.reward_timeout!r}"
             )
-        for name in ("max_train_samples", "max_eval_samples", "reward_num_workers"):
+        for name in ("max_train_samples", "max_eval_samples", "max_prompt_tokens", "reward_num_workers"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1 or null, got {value!r}.")

@@ -8,6 +8,8 @@
   `ce_gppo_*`, `aspo_*`) is set: without one the run is plain GRPO (`policy_loss="clip"`).
 - `resume_from_checkpoint`: `true` / `false` (any case) mean what the YAML booleans mean (the latest checkpoint of
   `output_dir` / no resume), on the command line too, where the string field would otherwise keep the text.
+- `prompt_template` (`check_prompt_fields`, from `ScriptArguments.__post_init__`): one of the registered templates;
+  with `"dapo"`, an `instruction` other than the default is ignored, and a warning says so.
 """
 
 from __future__ import annotations
@@ -16,18 +18,21 @@ import argparse
 import dataclasses
 import types
 import typing
+import warnings
 from collections.abc import Iterable, Sequence
 
 from transformers.hf_argparser import string_to_bool
 from trl import GRPOConfig
 
 from ..configs import PolicyLossConfig
+from ..data import BOXED_INSTRUCTION, PROMPT_TEMPLATES
 from ..loss_registry import registered_policy_losses
 from .errors import ConfigError
 
 __all__ = [
     "REQUIRED",
     "check_namespace",
+    "check_prompt_fields",
     "check_recipe_types",
     "loss_specific_fields",
     "scalar_field_types",
@@ -177,3 +182,25 @@ def check_namespace(namespace: argparse.Namespace, remaining: Sequence[str], giv
     resume = getattr(namespace, "resume_from_checkpoint", None)
     if isinstance(resume, str) and resume.strip().lower() in ("true", "false"):
         namespace.resume_from_checkpoint = resume.strip().lower() == "true"
+
+
+def check_prompt_fields(prompt_template, instruction) -> None:
+    """Check `prompt_template` against `trl_bandpo.data.PROMPT_TEMPLATES`; warn when `"dapo"` meets an `instruction`.
+
+    Args:
+        prompt_template: the `ScriptArguments.prompt_template` value.
+        instruction: the `ScriptArguments.instruction` value (None when unset with `none`/`null`).
+
+    Raises:
+        ValueError: `prompt_template` is no registered template (the message names the field, the value and the
+            choices).
+    """
+    if not isinstance(prompt_template, str) or prompt_template not in PROMPT_TEMPLATES:
+        raise ValueError(f"prompt_template must be one of {list(PROMPT_TEMPLATES)}, got {prompt_template!r}.")
+    if prompt_template == "dapo" and instruction not in (None, BOXED_INSTRUCTION):
+        warnings.warn(
+            f"prompt_template='dapo' ignores instruction={instruction!r}: DAPO's template carries its own "
+            "instruction. Remove `instruction`, or set `prompt_template: boxed` to use it.",
+            UserWarning,
+            stacklevel=3,
+        )

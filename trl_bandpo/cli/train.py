@@ -34,6 +34,7 @@ __all__ = [
     "build_reward",
     "describe_run",
     "load_eval_data",
+    "load_prompt_tokenizer",
     "load_train_data",
     "main",
     "make_parser",
@@ -74,8 +75,56 @@ def _expand_names(names: Sequence[str]) -> list[str]:
     return out
 
 
-def load_train_data(script_args: ScriptArguments):
-    """The training set: every entry of `dataset_name` (mixes expanded) loaded and concatenated."""
+def load_prompt_tokenizer(model_args: ModelConfig, training_args: PolicyLossConfig | None = None):
+    """The model's tokenizer (`AutoTokenizer`), to measure prompts for `max_prompt_tokens`."""
+    from transformers import AutoTokenizer
+
+    trust = bool(getattr(training_args, "trust_remote_code", False))
+    return AutoTokenizer.from_pretrained(
+        model_args.model_name_or_path, revision=model_args.model_revision, trust_remote_code=trust
+    )
+
+
+def _instruction(script_args: ScriptArguments) -> str | None:
+    # The "dapo" template ignores the instruction (ScriptArguments already warned when one was set).
+    return script_args.instruction if script_args.prompt_template == "boxed" else None
+
+
+def _drop_long_prompts(dataset, script_args: ScriptArguments, tokenizer, chat_template_kwargs, label: str):
+    if script_args.max_prompt_tokens is None:
+        return dataset
+    if tokenizer is None:
+        raise ValueError(
+            f"max_prompt_tokens={script_args.max_prompt_tokens} needs the model's tokenizer to measure the prompts: "
+            "pass tokenizer= (a tokenizer, or the model's folder / Hub id)."
+        )
+    from ..data import drop_long_prompts
+
+    return drop_long_prompts(
+        dataset,
+        tokenizer,
+        script_args.max_prompt_tokens,
+        chat_template_kwargs=chat_template_kwargs,
+        field="max_prompt_tokens",
+        label=label,
+    )
+
+
+def load_train_data(script_args: ScriptArguments, tokenizer=None, chat_template_kwargs: dict | None = None):
+    """The training set: every entry of `dataset_name` (mixes expanded) loaded and concatenated, in the prompt
+    template `prompt_template`, without the prompts longer than `max_prompt_tokens` tokens.
+
+    Args:
+        script_args ([`ScriptArguments`]):
+            The data fields of the run.
+        tokenizer (`PreTrainedTokenizerBase` or `str`, *optional*):
+            The model's tokenizer (or its folder / Hub id); needed when `max_prompt_tokens` is set.
+        chat_template_kwargs (`dict`, *optional*):
+            Extra chat-template arguments, as `GRPOConfig.chat_template_kwargs` (the prompts are measured with them).
+
+    Returns:
+        `datasets.Dataset` with ``prompt``, ``solution``, ``data_source``.
+    """
     import datasets
 
     from ..data import load_math_dataset
@@ -89,15 +138,18 @@ def load_train_data(script_args: ScriptArguments):
                 split=script_args.dataset_split if local else None,
                 problem_field=script_args.problem_field if local else None,
                 answer_field=script_args.answer_field if local else None,
-                instruction=script_args.instruction,
+                instruction=_instruction(script_args),
+                prompt_template=script_args.prompt_template,
                 max_samples=script_args.max_train_samples,
             )
         )
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    dataset = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    return _drop_long_prompts(dataset, script_args, tokenizer, chat_template_kwargs, "training set")
 
 
-def load_eval_data(script_args: ScriptArguments):
-    """The evaluation benchmarks (dict name -> Dataset), or None when `eval_dataset_name` is unset."""
+def load_eval_data(script_args: ScriptArguments, tokenizer=None, chat_template_kwargs: dict | None = None):
+    """The evaluation benchmarks (dict name -> Dataset), or None when `eval_dataset_name` is unset; prompts as in
+    `load_train_data` (template, `max_prompt_tokens`)."""
     if not script_args.eval_dataset_name:
         return None
     from ..data import load_eval_benchmarks
@@ -109,12 +161,16 @@ def load_eval_data(script_args: ScriptArguments):
             load_eval_benchmarks(
                 [entry],
                 max_problems=script_args.max_eval_samples,
-                instruction=script_args.instruction,
+                instruction=_instruction(script_args),
+                prompt_template=script_args.prompt_template,
                 problem_field=script_args.problem_field if local else None,
                 answer_field=script_args.answer_field if local else None,
             )
         )
-    return benchmarks
+    return {
+        name: _drop_long_prompts(dataset, script_args, tokenizer, chat_template_kwargs, f"benchmark {name!r}")
+        for name, dataset in benchmarks.items()
+    }
 
 
 def _model_init_kwargs(model_args: ModelConfig, training_args: PolicyLossConfig) -> dict:
@@ -163,8 +219,12 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
     training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
 
     with training_args.main_process_first(desc="loading datasets"):
-        train_dataset = load_train_data(script_args)
-        eval_dataset = load_eval_data(script_args) if training_args.eval_strategy != "no" else None
+        # Loaded once, and only to measure prompts; the trainer loads its own processing class.
+        tokenizer = load_prompt_tokenizer(model_args, training_args) if script_args.max_prompt_tokens else None
+        template_kwargs = training_args.chat_template_kwargs
+        train_dataset = load_train_data(script_args, tokenizer, template_kwargs)
+        evaluate = training_args.eval_strategy != "no"
+        eval_dataset = load_eval_data(script_args, tokenizer, template_kwargs) if evaluate else None
     if script_args.eval_dataset_name and eval_dataset is None:
         logger.warning("eval_dataset_name is set but eval_strategy is 'no': no evaluation during training.")
 

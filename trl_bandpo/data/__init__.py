@@ -2,49 +2,70 @@ r"""Math datasets as TRL prompt datasets: a conversational ``prompt`` column and
 
 Every loader returns a `datasets.Dataset` with three string-valued columns:
 
-* ``prompt``: ``[{"role": "user", "content": problem + " " + instruction}]`` (TRL's conversational format),
-* ``solution``: the ground-truth final answer (what `trl_bandpo.rewards` compares the last ``\boxed{}`` with),
+* ``prompt``: ``[{"role": "user", "content": ...}]`` (TRL's conversational format), the problem put in a prompt
+  template (`PROMPT_TEMPLATES`, ``prompt_template=`` of the loaders):
+
+  - ``"boxed"`` (the default): problem + " " + instruction, by default `BOXED_INSTRUCTION`
+    (``"Let's think step by step and output the final answer within \\boxed{}."``), which the ``\boxed{}`` rewards
+    of `trl_bandpo.rewards` read;
+  - ``"dapo"``: DAPO's template, in which the BandPO authors' public verl scripts put every training and validation
+    problem: ``"Solve the following math problem step by step. The last line of your response should be of the form
+    Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n" + problem + "\n\nRemember to
+    put your answer on its own line after \"Answer:\"."`` (the instruction is ignored; the answer comes on a last
+    line ``Answer: ...``, not in ``\boxed{}``);
+
+* ``solution``: the ground-truth final answer (what the reward compares the model's answer with),
 * ``data_source``: the registry name or file the row came from.
 
-The papers append ``"Let's think step by step and output the final answer within \\boxed{}."`` to each problem
-(`BOXED_INSTRUCTION`). Datasets come from the Hugging Face Hub by registry name (`DATASETS`: the BandPO/DGPO
-training sets and the six evaluation benchmarks) or from local JSONL/JSON/Parquet/CSV files (and folders written by
-``Dataset.save_to_disk``) for offline use. Local JSON and CSV files are read with every answer exactly as written
-(``12345678901234567890`` and ``1.50`` stay as they are; `trl_bandpo.data.files`). A dataset of which no row is usable
-is an error that counts the dropped rows per reason (empty problem or answer, wrong type, level, duplicate); a Hub
-dataset that cannot be reached is one error that says how to pass a local file instead.
+Datasets come from the Hugging Face Hub by registry name (`DATASETS`: the BandPO/DGPO training sets, the six
+evaluation benchmarks and other copies of some of them) or from local JSONL/JSON/Parquet/CSV files (and folders
+written by ``Dataset.save_to_disk``) for offline use. Local JSON and CSV files are read with every answer exactly as
+written (``12345678901234567890`` and ``1.50`` stay as they are; `trl_bandpo.data.files`). A dataset of which no row
+is usable is an error that counts the dropped rows per reason (empty problem or answer, wrong type, level,
+duplicate); a Hub dataset that cannot be reached is one error that says how to pass a local file instead.
+`drop_long_prompts` drops prompts longer than a number of tokens, measured with the model's chat template as the
+trainer will see them (the BandPO authors drop prompts over 1,024 tokens; `trl_bandpo.data.lengths`).
 
-Hub ids, splits and columns (checked against the dataset cards / common loaders; override any of them with the
-keyword arguments of `load_math_dataset`):
+Hub ids, configurations, splits and columns (from the dataset cards and the authors' data-preparation scripts;
+override the split and columns with the keyword arguments of `load_math_dataset`):
 
-==================  ====================================  =====  ======================  ===========================
-name                hub id                                split  problem column          answer column
-==================  ====================================  =====  ======================  ===========================
-dapo-math-17k       BytedTsinghua-SIA/DAPO-Math-17k       train  prompt (conversation)   reward_model.ground_truth
-math-level3to5      DigitalLearningGmbH/MATH-lighteval    train  problem                 solution (last \boxed{})
-aime2024            HuggingFaceH4/aime_2024               train  problem                 answer
-aime2025            yentinglin/aime_2025                  train  problem                 answer
-amc2023             math-ai/amc23                         test   question                answer
-math500             HuggingFaceH4/MATH-500                test   problem                 answer
-minerva             math-ai/minervamath                   test   question                answer
-olympiadbench       math-ai/olympiadbench                 test   question                final_answer (list, joined)
-==================  ====================================  =====  ======================  ===========================
+========================  ==================================  =======  =====  =============  =========================
+name                      hub id                              config   split  problem        answer
+========================  ==================================  =======  =====  =============  =========================
+dapo-math-17k             open-r1/DAPO-Math-17k-Processed     en       train  prompt         solution
+math-level3to5            nlile/hendrycks-MATH-benchmark      -        train  problem        answer (levels 3-5)
+dapo-math-17k-original    BytedTsinghua-SIA/DAPO-Math-17k     -        train  prompt (chat)  reward_model.ground_truth
+math-level3to5-lighteval  DigitalLearningGmbH/MATH-lighteval  default  train  problem        solution (last \boxed{})
+hendrycks-math-level3to5  EleutherAI/hendrycks_math           7 subj.  train  problem        solution (last \boxed{})
+aime2024                  HuggingFaceH4/aime_2024             -        train  problem        answer
+aime2025                  yentinglin/aime_2025                -        train  problem        answer
+amc2023                   math-ai/amc23                       -        test   question       answer
+math500                   HuggingFaceH4/MATH-500              -        test   problem        answer
+minerva                   math-ai/minervamath                 -        test   question       answer
+olympiadbench             math-ai/olympiadbench               -        test   question       final_answer (joined)
+aime2024-math-ai          math-ai/aime24                      -        test   problem        solution (\boxed{answer})
+aime2025-math-ai          math-ai/aime25                      -        test   problem        answer
+========================  ==================================  =======  =====  =============  =========================
 
-DAPO-Math-17k stores each of its ~17k problems about a hundred times, wrapped in DAPO's own "Answer:" template: the
-loader de-duplicates it and replaces that template by the boxed instruction (the rewards read ``\boxed{}``).
-MATH levels 3-5 keep rows whose ``level`` is "Level 3", "Level 4" or "Level 5"; the answer is the last boxed
-expression of the worked solution. BandPO trains on both merged (`TRAINING_MIXES["bandpo"]`), DGPO on DAPO only.
+BandPO trains on its authors' two sources merged (`TRAINING_MIXES["bandpo"]`): DAPO-Math-17k in English only (the
+``en`` configuration of open-r1's de-duplicated copy, about 14.1k problems) and the problems of levels 3, 4 and 5 of
+the 12,000-problem MATH train split of nlile/hendrycks-MATH-benchmark, with its ``answer`` column as ground truth. The
+``dgpo`` mix is DAPO-Math-17k as released (``dapo-math-17k-original``: each of its ~17k problems stored about a
+hundred times, Chinese problems included), de-duplicated. DAPO's "Answer:" template is removed from problems that
+carry it, then the chosen template is applied. The BandPO authors validate on aime2024, aime2025 and amc2023
+(`BANDPO_EVAL_BENCHMARKS`); the DGPO paper's AIME copies are aime2024-math-ai and aime2025-math-ai.
 """
 
+from .lengths import drop_long_prompts, prompt_lengths
 from .loading import (
     ANSWER_FIELD_CANDIDATES,  # noqa: F401 - public, though outside `__all__`
-    BOXED_INSTRUCTION,
     PROBLEM_FIELD_CANDIDATES,  # noqa: F401 - public, though outside `__all__`
     get_field,
     load_eval_benchmarks,
     load_math_dataset,
     load_training_mix,
 )
+from .prompts import BOXED_INSTRUCTION, DAPO_PROMPT_PREFIX, DAPO_PROMPT_SUFFIX, PROMPT_TEMPLATES, format_prompt
 from .registry import (
     BANDPO_EVAL_BENCHMARKS,  # noqa: F401 - public, though outside `__all__`
     DATASETS,
@@ -56,13 +77,19 @@ from .registry import (
 
 __all__ = [
     "BOXED_INSTRUCTION",
+    "DAPO_PROMPT_PREFIX",
+    "DAPO_PROMPT_SUFFIX",
     "DATASETS",
     "EVAL_BENCHMARKS",
+    "PROMPT_TEMPLATES",
     "TRAINING_MIXES",
     "DatasetSpec",
+    "drop_long_prompts",
+    "format_prompt",
     "get_field",
     "load_eval_benchmarks",
     "load_math_dataset",
     "load_training_mix",
+    "prompt_lengths",
     "resolve_dataset_name",
 ]

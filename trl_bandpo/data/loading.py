@@ -2,9 +2,11 @@ r"""Loaders that turn registered or local math datasets into TRL prompt datasets
 
 `load_math_dataset` reads one dataset (a registry name from `trl_bandpo.data.registry`, or a local file or
 ``save_to_disk`` folder, read by `trl_bandpo.data.files` with every answer exactly as written) and normalises its
-rows (`trl_bandpo.data.rows`): the problem (DAPO's "Answer:" template removed) followed by `BOXED_INSTRUCTION` as a
-one-message conversation, and the final answer as a string. A dataset without a single usable row is an error that
-counts the dropped rows per reason. `load_training_mix` and `load_eval_benchmarks` load several at once.
+rows (`trl_bandpo.data.rows`): the problem (DAPO's "Answer:" template removed from rows that carry it) put in a prompt
+template (`trl_bandpo.data.prompts`: by default followed by `BOXED_INSTRUCTION`; ``prompt_template="dapo"`` wraps it
+in DAPO's template) as a one-message conversation, and the final answer as a string. A dataset without a single
+usable row is an error that counts the dropped rows per reason. `load_training_mix` and `load_eval_benchmarks` load
+several at once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import read_local
+from .prompts import BOXED_INSTRUCTION, check_prompt_template, format_prompt
 from .registry import DATASETS, EVAL_BENCHMARKS, TRAINING_MIXES, DatasetSpec, resolve_dataset_name
 from .rows import FILTERS, Selection, get_field, has_field, select_rows
 
@@ -31,8 +34,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
-
 # Column names tried, in order, when a local file's problem/answer columns are not given.
 PROBLEM_FIELD_CANDIDATES = ("problem", "question", "Problem", "Question", "prompt", "input")
 ANSWER_FIELD_CANDIDATES = (
@@ -47,9 +48,18 @@ ANSWER_FIELD_CANDIDATES = (
 )
 
 
-def _build_prompt(problem: str, instruction: str | None) -> list[dict[str, str]]:
-    content = f"{problem} {instruction}" if instruction else problem
-    return [{"role": "user", "content": content}]
+def _build_prompt(problem: str, prompt_template: str, instruction: str | None) -> list[dict[str, str]]:
+    return [{"role": "user", "content": format_prompt(problem, prompt_template, instruction)}]
+
+
+def _check_template_arguments(prompt_template: str, instruction: str | None) -> None:
+    check_prompt_template(prompt_template)
+    if instruction is not None and not isinstance(instruction, str):
+        raise ValueError(f"instruction must be a string or None, got {instruction!r}")
+    if prompt_template == "dapo" and instruction not in (None, "", BOXED_INSTRUCTION):
+        logger.warning(
+            "prompt_template='dapo' ignores instruction=%r: DAPO's template has its own instruction", instruction
+        )
 
 
 def _pick_field(given: str | None, default: str | None, candidates: Sequence[str], row: Mapping, what: str) -> str:
@@ -92,6 +102,7 @@ def load_math_dataset(
     problem_field: str | None = None,
     answer_field: str | None = None,
     instruction: str | None = BOXED_INSTRUCTION,
+    prompt_template: str = "boxed",
     levels: Iterable[int] | None = None,
     level_field: str | None = None,
     deduplicate: bool | None = None,
@@ -106,7 +117,10 @@ def load_math_dataset(
         split: split to load (registry default; ``"train"`` for a local file; slices like ``"train[:50]"`` work).
         problem_field / answer_field: columns holding the problem and the final answer; dotted names reach nested
             fields (``"reward_model.ground_truth"``). Registry defaults, else guessed for local files.
-        instruction: appended to each problem after a space (None or "" for none).
+        instruction: appended to each problem after a space by the "boxed" template (None or "" for none);
+            ignored by "dapo" (a warning says so when it is neither None nor the default).
+        prompt_template: "boxed" (problem + " " + instruction, the default) or "dapo" (DAPO's "Answer:" template, as
+            the BandPO authors prompt every training and validation problem); see `trl_bandpo.data.prompts`.
         levels / level_field: keep rows whose level is in `levels` (e.g. ``(3, 4, 5)`` with ``"level"``).
         deduplicate: drop repeated problems (registry default; False for local files).
         max_samples: keep at most this many rows (after filtering), for quick runs.
@@ -121,7 +135,7 @@ def load_math_dataset(
 
     Raises:
         ValueError: no usable row (the message counts the dropped rows per reason), an empty or unreadable file
-            (invalid JSON: with its line), a missing column.
+            (invalid JSON: with its line), a missing column, an unknown `prompt_template`.
         ConnectionError: a registry dataset that cannot be loaded from the Hub (the message says how to pass a
             local file instead).
     """
@@ -129,8 +143,7 @@ def load_math_dataset(
         isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1
     ):
         raise ValueError(f"max_samples must be None or an integer >= 1, got {max_samples!r}")
-    if instruction is not None and not isinstance(instruction, str):
-        raise ValueError(f"instruction must be a string or None, got {instruction!r}")
+    _check_template_arguments(prompt_template, instruction)
 
     path = Path(os.fspath(name_or_path)).expanduser()
     registry_name = None if path.exists() else resolve_dataset_name(os.fspath(name_or_path))
@@ -184,7 +197,7 @@ def load_math_dataset(
 
     return datasets.Dataset.from_dict(
         {
-            "prompt": [_build_prompt(problem, instruction) for problem in selection.problems],
+            "prompt": [_build_prompt(problem, prompt_template, instruction) for problem in selection.problems],
             "solution": selection.solutions,
             "data_source": [source] * count,
         }
@@ -235,6 +248,7 @@ def load_training_mix(
     seed: int | None = None,
     max_samples_per_dataset: int | None = None,
     instruction: str | None = BOXED_INSTRUCTION,
+    prompt_template: str = "boxed",
 ):
     """Concatenate several math datasets into one training set (as BandPO merges DAPO-Math-17k and MATH L3-5).
 
@@ -243,12 +257,16 @@ def load_training_mix(
             names / local files.
         seed: shuffle the merged rows with this seed (None keeps dataset order; GRPOTrainer shuffles anyway).
         max_samples_per_dataset: cap on rows taken from each dataset.
-        instruction: appended to every problem.
+        instruction: appended to every problem by the "boxed" template (ignored by "dapo").
+        prompt_template: "boxed" (default) or "dapo" (DAPO's template, as the BandPO authors use).
 
     Returns:
         `datasets.Dataset` with ``prompt``, ``solution``, ``data_source``.
     """
     import datasets
+
+    _check_template_arguments(prompt_template, instruction)
+    instruction = instruction if prompt_template == "boxed" else None
 
     if isinstance(names, (str, os.PathLike)):
         text = os.fspath(names)
@@ -256,7 +274,12 @@ def load_training_mix(
     names = [os.fspath(name).strip() for name in names]
     if not names:
         raise ValueError("names must name at least one dataset (or a mix: " + ", ".join(TRAINING_MIXES) + ")")
-    parts = [load_math_dataset(name, max_samples=max_samples_per_dataset, instruction=instruction) for name in names]
+    parts = [
+        load_math_dataset(
+            name, max_samples=max_samples_per_dataset, instruction=instruction, prompt_template=prompt_template
+        )
+        for name in names
+    ]
     merged = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     return merged.shuffle(seed=seed) if seed is not None else merged
 
@@ -268,17 +291,23 @@ def load_eval_benchmarks(
     instruction: str | None = BOXED_INSTRUCTION,
     problem_field: str | None = None,
     answer_field: str | None = None,
+    prompt_template: str = "boxed",
 ) -> dict[str, Any]:
     """Load evaluation benchmarks by name, local path or ``"name=path"``; Datasets given in a mapping pass through.
 
     Args:
         benchmarks: names/paths (default: the six of `EVAL_BENCHMARKS`) or a mapping name -> Dataset or path.
         max_problems: keep at most this many problems per benchmark.
+        instruction: appended to every problem by the "boxed" template (ignored by "dapo").
         problem_field / answer_field: columns for local files.
+        prompt_template: "boxed" (default) or "dapo" (DAPO's template, as the BandPO authors validate with).
+            Datasets passed in a mapping keep their own prompts.
 
     Returns:
         dict benchmark name -> `datasets.Dataset` with ``prompt`` and ``solution``.
     """
+    _check_template_arguments(prompt_template, instruction)
+    instruction = instruction if prompt_template == "boxed" else None
     if benchmarks is None:
         benchmarks = list(EVAL_BENCHMARKS)
     if isinstance(benchmarks, str):
@@ -307,6 +336,7 @@ def load_eval_benchmarks(
                 source,
                 max_samples=max_problems,
                 instruction=instruction,
+                prompt_template=prompt_template,
                 problem_field=problem_field,
                 answer_field=answer_field,
                 data_source=name,

@@ -1,8 +1,17 @@
 """The registry of math datasets: where each lives on the Hugging Face Hub and how to read it.
 
-`DATASETS` maps a registry name to its `DatasetSpec` (the BandPO/DGPO training sets and the six evaluation
-benchmarks; the table in `trl_bandpo.data` lists them), `resolve_dataset_name` accepts aliases such as ``"aime24"``,
-and `EVAL_BENCHMARKS` / `BANDPO_EVAL_BENCHMARKS` / `TRAINING_MIXES` name the sets the papers evaluate and train on.
+`DATASETS` maps a registry name to its `DatasetSpec` (the BandPO/DGPO training sets, the six evaluation benchmarks
+and alternative copies of some of them; the table in `trl_bandpo.data` lists them), `resolve_dataset_name` accepts
+aliases such as ``"aime24"``, and `EVAL_BENCHMARKS` / `BANDPO_EVAL_BENCHMARKS` / `TRAINING_MIXES` name the sets the
+papers evaluate and train on.
+
+Where the BandPO training sets come from (the authors' public data-preparation scripts, github.com/OpenMOSS/BandPO):
+DAPO-Math-17k is the English configuration ``en`` of ``open-r1/DAPO-Math-17k-Processed`` (DAPO-Math-17k
+de-duplicated and split by language; its ``prompt`` column holds the problem text, in DAPO's template, which the
+loader removes, and ``solution`` the answer), and
+MATH levels 3-5 are the rows of level 3, 4 or 5 of the 12,000-problem train split of
+``nlile/hendrycks-MATH-benchmark`` (columns ``problem``, ``answer``, ``level`` as an integer, ``solution``,
+``subject``, ``unique_id``), with ``answer`` as the ground truth.
 """
 
 from __future__ import annotations
@@ -47,16 +56,35 @@ class DatasetSpec:
 
 
 DATASETS: dict[str, DatasetSpec] = {
-    # Training sets.
+    # Training sets: the BandPO authors' sources.
     "dapo-math-17k": DatasetSpec(
+        "open-r1/DAPO-Math-17k-Processed",
+        "train",
+        "prompt",
+        "solution",
+        configs=("en",),
+        deduplicate=True,
+        description="DAPO-Math-17k, English problems only (~14.1k, integer answers); BandPO training set",
+    ),
+    "math-level3to5": DatasetSpec(
+        "nlile/hendrycks-MATH-benchmark",
+        "train",
+        "problem",
+        "answer",
+        level_field="level",
+        levels=(3, 4, 5),
+        description="MATH train (12,000 problems), levels 3-5; merged with DAPO-Math-17k by BandPO",
+    ),
+    # Other copies of the training sets.
+    "dapo-math-17k-original": DatasetSpec(
         "BytedTsinghua-SIA/DAPO-Math-17k",
         "train",
         "prompt",
         "reward_model.ground_truth",
         deduplicate=True,
-        description="DAPO-Math-17k (integer answers), de-duplicated; BandPO and DGPO training set",
+        description="DAPO-Math-17k as released (Chinese problems included), de-duplicated; the `dgpo` mix",
     ),
-    "math-level3to5": DatasetSpec(
+    "math-level3to5-lighteval": DatasetSpec(
         "DigitalLearningGmbH/MATH-lighteval",
         "train",
         "problem",
@@ -64,7 +92,7 @@ DATASETS: dict[str, DatasetSpec] = {
         configs=("default",),
         level_field="level",
         levels=(3, 4, 5),
-        description="MATH train, levels 3-5 (answer = last \\boxed{} of the solution); merged with DAPO by BandPO",
+        description="MATH train (7,500 problems), levels 3-5 (answer = last \\boxed{} of the solution)",
     ),
     "hendrycks-math-level3to5": DatasetSpec(
         "EleutherAI/hendrycks_math",
@@ -93,11 +121,23 @@ DATASETS: dict[str, DatasetSpec] = {
     "olympiadbench": DatasetSpec(
         "math-ai/olympiadbench", "test", "question", "final_answer", description="OlympiadBench (675)"
     ),
+    # The AIME copies the DGPO paper evaluates on (math-ai/aime24 keeps the answer as "\boxed{...}" in `solution`).
+    "aime2024-math-ai": DatasetSpec(
+        "math-ai/aime24", "test", "problem", "solution", description="AIME 2024 (30), math-ai copy (DGPO)"
+    ),
+    "aime2025-math-ai": DatasetSpec(
+        "math-ai/aime25", "test", "problem", "answer", description="AIME 2025 (30), math-ai copy (DGPO)"
+    ),
 }
 
 _ALIASES = {
     "dapo": "dapo-math-17k",
     "dapo-math": "dapo-math-17k",
+    "dapo-math-17k-en": "dapo-math-17k",
+    "dapo-math-17k-processed": "dapo-math-17k",
+    "dapo-original": "dapo-math-17k-original",
+    "aime24-math-ai": "aime2024-math-ai",
+    "aime25-math-ai": "aime2025-math-ai",
     "math-l3-5": "math-level3to5",
     "math-level-3-5": "math-level3to5",
     "aime24": "aime2024",
@@ -117,9 +157,10 @@ EVAL_BENCHMARKS: dict[str, DatasetSpec] = {
     name: DATASETS[name] for name in ("aime2024", "aime2025", "amc2023", "math500", "minerva", "olympiadbench")
 }
 BANDPO_EVAL_BENCHMARKS = ("amc2023", "aime2024", "aime2025")
+# "bandpo": the BandPO authors' two training sources; "dgpo": DAPO-Math-17k as released, unchanged.
 TRAINING_MIXES: dict[str, tuple[str, ...]] = {
     "bandpo": ("dapo-math-17k", "math-level3to5"),
-    "dgpo": ("dapo-math-17k",),
+    "dgpo": ("dapo-math-17k-original",),
 }
 
 

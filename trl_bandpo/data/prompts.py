@@ -1,0 +1,80 @@
+r"""Prompt templates: how a problem becomes the text of the one user message a policy sees.
+
+Two templates are registered in `PROMPT_TEMPLATES`:
+
+* ``"boxed"`` (the default): the problem, a space and an instruction, by default `BOXED_INSTRUCTION`
+  (``"Let's think step by step and output the final answer within \\boxed{}."``), which the ``\boxed{}`` rewards of
+  `trl_bandpo.rewards` read.
+* ``"dapo"``: DAPO's template (the DAPO-Math-17k prompts; the BandPO authors' public verl scripts wrap every training
+  and validation problem in it): `DAPO_PROMPT_PREFIX` + problem + `DAPO_PROMPT_SUFFIX`. It asks for the final answer
+  on a last line ``Answer: ...``, not in ``\boxed{}``: pair it with a reward that reads that line. The instruction
+  plays no part in it. Every problem gets DAPO-Math-17k's exact form; the authors' scripts that convert MATH and the
+  benchmarks also put a space on either side of the problem (prefix + " " + problem + " " + suffix).
+
+The problem is inserted as it is: templates are filled by plain substitution, never `str.format`, so the braces of
+LaTeX problems are safe.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BOXED_INSTRUCTION",
+    "DAPO_PROMPT_PREFIX",
+    "DAPO_PROMPT_SUFFIX",
+    "PROMPT_TEMPLATES",
+    "check_prompt_template",
+    "format_prompt",
+]
+
+BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+
+#: DAPO's prompt around each problem, as in the DAPO-Math-17k prompts (Yu et al., 2025, "DAPO").
+DAPO_PROMPT_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+DAPO_PROMPT_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+
+#: Template name -> its text, with ``{problem}`` (and, for "boxed", ``{instruction}``) where the values go.
+PROMPT_TEMPLATES: dict[str, str] = {
+    "boxed": "{problem} {instruction}",
+    "dapo": DAPO_PROMPT_PREFIX + "{problem}" + DAPO_PROMPT_SUFFIX,
+}
+
+
+def check_prompt_template(prompt_template: str, field: str = "prompt_template") -> str:
+    """Return `prompt_template` when it names a template of `PROMPT_TEMPLATES`; raise ValueError naming `field`,
+    the value and the choices otherwise."""
+    if not isinstance(prompt_template, str) or prompt_template not in PROMPT_TEMPLATES:
+        raise ValueError(f"{field} must be one of {list(PROMPT_TEMPLATES)}, got {prompt_template!r}.")
+    return prompt_template
+
+
+def format_prompt(problem: str, prompt_template: str = "boxed", instruction: str | None = BOXED_INSTRUCTION) -> str:
+    r"""The user message for `problem` under `prompt_template`.
+
+    Args:
+        problem (`str`):
+            The problem text.
+        prompt_template (`str`, *optional*, defaults to `"boxed"`):
+            A name of `PROMPT_TEMPLATES`: `"boxed"` (problem, a space, `instruction`) or `"dapo"` (DAPO's template;
+            `instruction` is ignored).
+        instruction (`str` or `None`, *optional*, defaults to `BOXED_INSTRUCTION`):
+            Appended after a space by the `"boxed"` template; `None` or `""` leaves the problem alone.
+
+    Returns:
+        `str`: the message text.
+
+    Example:
+
+    ```python
+    >>> format_prompt("What is $1 + 1$?")
+    "What is $1 + 1$? Let's think step by step and output the final answer within \\boxed{}."
+    >>> format_prompt("What is $1 + 1$?", "dapo").splitlines()[2]
+    'What is $1 + 1$?'
+    ```
+    """
+    check_prompt_template(prompt_template)
+    if prompt_template == "boxed":
+        return f"{problem} {instruction}" if instruction else problem
+    return PROMPT_TEMPLATES[prompt_template].replace("{problem}", problem)
