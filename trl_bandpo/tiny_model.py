@@ -1,12 +1,14 @@
 """Tiny causal LMs and tokenizers built locally, for offline tests, the CPU demo and notebooks.
 
-Nothing here downloads anything: the tokenizer is a character-level vocabulary assembled with the `tokenizers`
-library and the model is a freshly initialised Qwen2 with a few thousand parameters per layer.
+Nothing here downloads anything: the tokenizer is a byte-level vocabulary with no merges (one token per byte, so
+one per ASCII character) assembled with the `tokenizers` library, and the model is a freshly initialised Qwen2 with
+a few thousand parameters per layer. Byte-level, because transformers reloads a saved Qwen2 tokenizer as its own
+`Qwen2Tokenizer` class (byte-level BPE) whatever the saved class: a plain character vocabulary would then lose its
+spaces and newlines when TRL reloads the model folder.
 """
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 
 # A ChatML-style template (the one Qwen models use), so conversational datasets work with the tiny model too.
@@ -18,20 +20,20 @@ CHAT_TEMPLATE = (
 )
 
 SPECIAL_TOKENS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
-DEFAULT_CHARS = string.digits + string.ascii_letters + " +-*/=()[]{}<>.,:;!?'\"\\^_|$#%&@~\n"
 
 
-def build_tiny_tokenizer(chars: str = DEFAULT_CHARS):
-    """A character-level `PreTrainedTokenizerFast` over `chars`, with pad/unk/ChatML specials and a chat template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+def build_tiny_tokenizer():
+    """A byte-level `PreTrainedTokenizerFast` with no merges (one token per byte; 256 + 4 special tokens), with
+    pad/unk/ChatML specials and a chat template; it survives `save_pretrained` + `AutoTokenizer.from_pretrained`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    for ch in dict.fromkeys(chars):  # ordered, unique
-        vocab.setdefault(ch, len(vocab))
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    backend.decoder = decoders.Fuse()
+    for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab.setdefault(char, len(vocab))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token="<pad>",
