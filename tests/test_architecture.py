@@ -27,6 +27,8 @@ LAYERS = {
     "kernels": 1,
     "configs": 2,
     "checkpointing": 2,
+    "count_metrics": 2,
+    "dynamic_sampling": 2,
     "trainer": 2,
     "answers": 3,
     "tiny_model": 3,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,3 +48,146 @@ def test_band_dgpo_weights_are_continuous_at_both_band_bounds(n, m):
             (grad,) = torch.autograd.grad(loss.sum(), logps)
             weights.append(-grad / a)
         torch.testing.assert_close(weights[0], weights[1], rtol=1e-7, atol=0)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Dynamic sampling
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _output(rows, prompt_len, completion_len, advantages, pad=0):
+    return {
+        "prompt_ids": torch.arange(rows * prompt_len).reshape(rows, prompt_len) + 10,
+        "prompt_mask": torch.ones(rows, prompt_len, dtype=torch.long),
+        "completion_ids": torch.arange(rows * completion_len).reshape(rows, completion_len) + 100,
+        "completion_mask": torch.ones(rows, completion_len, dtype=torch.long),
+        "old_per_token_logps": torch.full((rows, completion_len), -1.0),
+        "advantages": torch.tensor(advantages, dtype=torch.float32),
+        "num_items_in_batch": torch.tensor(float(rows * completion_len)),
+    }
+
+
+def test_group_has_signal_is_any_nonzero_advantage_per_group():
+    from trl_bandpo.dynamic_sampling import group_has_signal
+
+    adv = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 1e-6])
+    assert group_has_signal(adv, 4).tolist() == [False, True, True]
+
+
+def test_merge_pads_prompts_left_and_completions_right():
+    from trl_bandpo.dynamic_sampling import merge_generation_outputs, select_rows
+
+    a = _output(2, 3, 2, [1.0, -1.0])
+    b = select_rows(_output(4, 1, 4, [0.0, 0.0, 2.0, -2.0]), torch.tensor([2, 3]))
+    merged = merge_generation_outputs([a, b], pad_token_id=0)
+    assert merged["prompt_ids"].tolist() == [[10, 11, 12], [13, 14, 15], [0, 0, 12], [0, 0, 13]]
+    assert merged["prompt_mask"].tolist() == [[1, 1, 1], [1, 1, 1], [0, 0, 1], [0, 0, 1]]
+    assert merged["completion_ids"].tolist() == [[100, 101, 0, 0], [102, 103, 0, 0], [108, 109, 110, 111],
+                                                 [112, 113, 114, 115]]  # fmt: skip
+    assert merged["completion_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]]
+    assert merged["old_per_token_logps"][0].tolist() == [-1.0, -1.0, 0.0, 0.0]
+    assert merged["advantages"].tolist() == [1.0, -1.0, 2.0, -2.0]
+    assert "num_items_in_batch" not in merged  # global: recomputed by the caller
+    with pytest.raises(ValueError, match="pixel_values"):
+        merge_generation_outputs([{**a, "pixel_values": [1]}, {**a, "pixel_values": [1]}], pad_token_id=0)
+
+
+def test_dynamic_sampling_settings_are_checked():
+    from trl_bandpo import BandPOConfig
+
+    with pytest.raises(ValueError, match="dynamic_sampling_max_rounds"):
+        BandPOConfig(output_dir="unused", use_cpu=True, report_to="none", dynamic_sampling_max_rounds=-1)
+    with pytest.raises(ValueError, match="dynamic_sampling"):
+        BandPOConfig(output_dir="unused", use_cpu=True, report_to="none", dynamic_sampling="yes")
+
+
+def test_dynamic_sampling_refuses_groups_that_straddle_processes(tiny_model_dir, tmp_path):
+    """A process's generation batch must hold whole groups (with several processes TRL's sampler may split one)."""
+    from trl_bandpo import BandPOConfig, BandPOTrainer
+
+    args = BandPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", dynamic_sampling=True,
+                        per_device_train_batch_size=4, num_generations=4, max_completion_length=4)  # fmt: skip
+    from datasets import Dataset
+
+    dataset = Dataset.from_list([{"prompt": "1+1="}])
+    trainer = BandPOTrainer(model=tiny_model_dir, reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                            args=args, train_dataset=dataset)  # fmt: skip
+    trainer.model.train()
+    split_group = [{"prompt": "1+1="}] * 2 + [{"prompt": "2+2="}] * 2
+    with pytest.raises(ValueError, match="whole prompt groups"):
+        trainer._generate_and_score_completions(split_group)
+
+
+def _dynamic_run(tiny_model_dir, tmp_path, max_rounds):
+    import importlib.util
+
+    script = Path(__file__).parent / "scripts" / "dynamic_sampling_run.py"
+    spec = importlib.util.spec_from_file_location("ds_run", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.RecordingTrainer.batches = []
+    from datasets import Dataset
+
+    from trl_bandpo import BandPOConfig
+
+    dataset = Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(8) for b in range(4)])
+    args = BandPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4,
+        max_completion_length=6, max_steps=4, learning_rate=5e-2, logging_steps=1, report_to="none",
+        save_strategy="no", seed=0, use_cpu=True, dynamic_sampling=True, dynamic_sampling_max_rounds=max_rounds,
+    )  # fmt: skip
+    trainer = module.RecordingTrainer(
+        model=tiny_model_dir, reward_funcs=module.reward, args=args, train_dataset=dataset
+    )
+    trainer.train()
+    return module.RecordingTrainer.batches, [e for e in trainer.state.log_history if "loss" in e]
+
+
+def test_dynamic_sampling_trains_only_on_groups_with_signal(tiny_model_dir, tmp_path):
+    batches, steps = _dynamic_run(tiny_model_dir, tmp_path, max_rounds=8)
+    assert batches and all(b["rows"] == 8 for b in batches)  # the generation batch keeps its size
+    assert all(all(b["signal"]) for b in batches)  # every group has a non-zero advantage
+    assert all(b["items"] == b["tokens"] for b in batches)  # the normaliser counts the tokens trained on
+    rounds = [e["dynamic_sampling/rounds"] for e in steps if "dynamic_sampling/rounds" in e]
+    dropped = [e["dynamic_sampling/dropped_group_share"] for e in steps if "dynamic_sampling/dropped_group_share" in e]
+    assert rounds and max(rounds) > 1 and max(dropped) > 0  # half the prompts carry no signal: more rounds ran
+
+
+def test_dynamic_sampling_out_of_rounds_masks_the_missing_groups(tiny_model_dir, tmp_path):
+    batches, steps = _dynamic_run(tiny_model_dir, tmp_path, max_rounds=0)
+    assert all(b["rows"] == 8 for b in batches)
+    for batch in batches:  # masked filler groups: their tokens are not counted by the normaliser
+        assert batch["items"] == batch["tokens"]
+    filled = [e["dynamic_sampling/filled_share"] for e in steps if "dynamic_sampling/filled_share" in e]
+    assert filled and min(filled) < 1.0
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_two_processes_agree(tiny_model_dir, tmp_path):
+    """Two CPU processes (DeepSpeed ZeRO-3 under accelerate launch): both run the same number of rounds, train on
+    full batches of groups with signal, and log the same (reduced) metrics."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed")
+    accelerate = shutil.which("accelerate") or os.path.join(os.path.dirname(sys.executable), "accelerate")
+    scripts = Path(__file__).parent / "scripts"
+    command = [
+        accelerate, "launch", "--config_file", str(scripts / "zero3_cpu.yaml"), "--main_process_port", "29631",
+        str(scripts / "dynamic_sampling_run.py"), tiny_model_dir, str(tmp_path),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"dynamic_sampling_rank{k}.json").read_text()) for k in (0, 1)]
+    assert all(rank["world"] == 2 for rank in ranks)
+    assert len(ranks[0]["batches"]) == len(ranks[1]["batches"]) > 0
+    for b0, b1 in zip(ranks[0]["batches"], ranks[1]["batches"]):
+        assert b0["rows"] == b1["rows"] == 8 and b0["items"] == b1["items"]  # global normaliser agrees
+        assert all(b0["signal"]) and all(b1["signal"])
+    logs = [[e for e in rank["log_history"] if "dynamic_sampling/rounds" in e] for rank in ranks]
+    rounds = [[e["dynamic_sampling/rounds"] for e in log] for log in logs]
+    assert rounds[0] and rounds[0] == rounds[1]
+

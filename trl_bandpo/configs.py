@@ -68,6 +68,16 @@ class PolicyLossConfig(GRPOConfig):
             ASPO cap on the flipped weight 1/r of positive-advantage tokens.
         aspo_c_neg (`float`, defaults to `3.0`):
             ASPO cap on the weight r of negative-advantage tokens.
+
+        > Dynamic sampling (DAPO's group filter; an extension, docs/extensions.md)
+
+        dynamic_sampling (`bool`, defaults to `False`):
+            Drop prompt groups whose rewards all agree (zero advantage) and generate fresh prompts until the
+            generation batch is full. Needs `per_device_train_batch_size * steps_per_generation` to be a multiple of
+            `num_generations` (groups must not straddle processes).
+        dynamic_sampling_max_rounds (`int`, defaults to `3`):
+            Extra generation rounds allowed per generation batch; when they run out the batch trains with what it
+            has (the missing groups masked out) and `dynamic_sampling/filled_share` says how full it was.
     """
 
     policy_loss: str = field(
@@ -87,6 +97,12 @@ class PolicyLossConfig(GRPOConfig):
     ce_gppo_beta2: float = field(default=1.0, metadata={"help": "CE-GPPO right-boundary weight scale."})
     aspo_c_pos: float = field(default=3.0, metadata={"help": "ASPO cap on 1/r for positive advantages."})
     aspo_c_neg: float = field(default=3.0, metadata={"help": "ASPO cap on r for negative advantages."})
+    dynamic_sampling: bool = field(
+        default=False, metadata={"help": "Drop zero-advantage prompt groups and refill the batch (DAPO)."}
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=3, metadata={"help": "Extra generation rounds allowed per batch with dynamic_sampling."}
+    )
 
     def __post_init__(self):
         # Our checks first: a bad value of ours (or of the TRL fields below) must not hide behind a TRL error.
@@ -118,6 +134,19 @@ class PolicyLossConfig(GRPOConfig):
                     f"Set {name}={default!r}."
                 )
         self._warn_unused_fields(spec)
+        self._check_dynamic_sampling()
+
+    def _check_dynamic_sampling(self):
+        rounds = self.dynamic_sampling_max_rounds
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"dynamic_sampling_max_rounds must be an integer >= 0, got {rounds!r}.")
+        local_batch = self.per_device_train_batch_size * self.steps_per_generation
+        if self.dynamic_sampling and local_batch % self.num_generations:
+            raise ValueError(
+                f"dynamic_sampling needs each process's generation batch (per_device_train_batch_size x "
+                f"steps_per_generation = {local_batch}) to be a multiple of num_generations ({self.num_generations}), "
+                "so that no prompt group straddles two processes."
+            )
 
     def _check_field_types(self):
         """Types and ranges the dataclass cannot enforce (values from YAML or keyword arguments are not converted)."""
@@ -157,7 +186,7 @@ class PolicyLossConfig(GRPOConfig):
         read |= {spec.switch[0]} if spec.switch else set()
         unused = [
             name
-            for name in sorted(_OWN_FIELDS - read - {"policy_loss"})
+            for name in sorted(_loss_fields() - read)
             if getattr(self, name) != _default(type(self), name)
         ]
         if unused:
@@ -182,6 +211,14 @@ def _registry_hyperparameters():
 
 
 _OWN_FIELDS = {f.name for f in dataclasses.fields(PolicyLossConfig)} - {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+def _loss_fields() -> set[str]:
+    """Our fields that some registered loss reads (its hyper-parameters, and switches such as `band_relax`)."""
+    fields = set()
+    for spec in registered_policy_losses().values():
+        fields |= set(spec.config_fields) | ({spec.switch[0]} if spec.switch else set())
+    return fields & _OWN_FIELDS
 
 
 def _default(config_class, name: str):

@@ -15,14 +15,14 @@ delegated to GRPOTrainer unchanged (the config only allows them with `policy_los
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from .checkpointing import GenerationBufferCheckpointing
 from .configs import TRL_PER_TOKEN_LOSS_TYPES, BandPOConfig, DGPOConfig, PolicyLossConfig
+from .count_metrics import CountMetrics
+from .dynamic_sampling import DynamicSampling
 from .losses import policy_loss_fn
 from .metrics import clip_counts
 
@@ -32,7 +32,7 @@ _BOUND_KEYS = ("policy_lower_bound", "policy_upper_bound")
 
 
 
-class PolicyLossTrainer(GenerationBufferCheckpointing, GRPOTrainer):
+class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSampling, GRPOTrainer):
     """GRPOTrainer whose per-token policy term is `args.policy_loss` (see [`PolicyLossConfig`]).
 
     Everything else is GRPOTrainer's: pass the same arguments (`model`, `reward_funcs`, `train_dataset`,
@@ -91,7 +91,6 @@ class PolicyLossTrainer(GenerationBufferCheckpointing, GRPOTrainer):
         self._policy = policy_loss_fn(args.policy_loss)
         # Read from the config through the loss's registry entry: the fields it reads, checked, as keywords.
         self._policy_bound_kwargs, self._policy_loss_kwargs = self._policy.kwargs_from_config(args)
-        self._count_metrics = {"train": defaultdict(lambda: [0.0, 0.0]), "eval": defaultdict(lambda: [0.0, 0.0])}
 
     # -- the policy term -------------------------------------------------------------------------------------------
 
@@ -343,23 +342,6 @@ class PolicyLossTrainer(GenerationBufferCheckpointing, GRPOTrainer):
             self._add_counts(mode, counts)
 
         return loss
-
-    # -- metrics ---------------------------------------------------------------------------------------------------
-
-    def _add_counts(self, mode, counts: dict):
-        stacked = torch.stack([torch.stack([num.double(), den.double()]) for num, den in counts.values()])
-        totals = self.accelerator.reduce(stacked, reduction="sum").tolist()  # one collective for all of them
-        accumulated = self._count_metrics[mode]
-        for name, (num, den) in zip(counts, totals):
-            accumulated[name][0] += num
-            accumulated[name][1] += den
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        mode = "train" if self.model.training else "eval"
-        for name, (num, den) in self._count_metrics[mode].items():
-            self._metrics[mode][name] = [num / den if den > 0 else float("nan")]
-        self._count_metrics[mode].clear()
-        super().log(logs, start_time)
 
 
 class BandPOTrainer(PolicyLossTrainer):

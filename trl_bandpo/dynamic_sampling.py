@@ -1,0 +1,153 @@
+"""Dynamic sampling (DAPO's `filter_groups`): drop prompt groups whose rewards all agree, and generate more prompts
+until the generation batch is full (docs/extensions.md, "Dynamic sampling").
+
+A group whose completions all got the same reward has zero advantage everywhere: it adds no policy gradient, only
+noise in the normalisation. With `dynamic_sampling=True` each process keeps the groups with a non-zero advantage,
+draws fresh prompts for the rest (up to `dynamic_sampling_max_rounds` extra generation rounds), and trains on a
+batch of the usual size. If the rounds run out first, the missing groups are filled with dropped ones whose tokens
+are masked out: the update uses what there is, and the logs say how much.
+
+All processes run the same number of rounds (the decision is reduced across processes), so the collective calls
+inside generation (vLLM server or colocate, reward gathering) stay in step. Groups must not straddle processes:
+each process's generation batch must hold whole groups (checked when the config is built and at run time).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["DynamicSampling", "group_has_signal", "merge_generation_outputs", "select_rows"]
+
+# Keys of GRPOTrainer's generation output, by how they are padded when outputs of several rounds are merged.
+_PROMPT_KEYS = {"prompt_ids": "pad", "prompt_mask": 0}
+_COMPLETION_KEYS = {
+    "completion_ids": "pad",
+    "completion_mask": 0,
+    "tool_mask": 1,
+    "old_per_token_logps": 0.0,
+    "ref_per_token_logps": 0.0,
+    "sampling_per_token_logps": 0.0,
+    "importance_sampling_ratio": 1.0,
+    "old_per_token_entropies": 0.0,
+}
+_ROW_KEYS = {"advantages"}
+_SCALAR_KEYS = {"num_items_in_batch"}
+
+
+def group_has_signal(advantages: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """`(N // num_generations,)` booleans: whether each consecutive group of completions has a non-zero advantage.
+
+    A group whose rewards have zero spread gets advantage 0 for every completion (`reward - mean`, divided by the
+    spread or not), and conversely.
+    """
+    per_group = advantages.reshape(-1, num_generations)
+    return (per_group != 0).any(dim=1)
+
+
+def select_rows(output: dict, rows: torch.Tensor) -> dict:
+    """The rows `rows` (a 1-D index tensor) of every per-completion tensor of a generation output."""
+    selected = {}
+    for key, value in output.items():
+        if key in _SCALAR_KEYS:
+            selected[key] = value
+        elif torch.is_tensor(value) and value.dim() > 0:
+            selected[key] = value[rows.to(value.device)]
+        else:
+            raise ValueError(f"dynamic sampling cannot split the generation output's {key!r} (multimodal inputs?).")
+    return selected
+
+
+def _pad_to(tensor: torch.Tensor, length: int, value, left: bool) -> torch.Tensor:
+    missing = length - tensor.shape[1]
+    if missing <= 0:
+        return tensor
+    filler = torch.full((tensor.shape[0], missing), value, dtype=tensor.dtype, device=tensor.device)
+    return torch.cat([filler, tensor] if left else [tensor, filler], dim=1)
+
+
+def merge_generation_outputs(parts: list[dict], pad_token_id: int) -> dict:
+    """Concatenate generation outputs along the batch: prompts left-padded, completions right-padded to a common
+    length (pad token, mask 0, log-probs 0, ratios 1). `num_items_in_batch` is left to the caller (it is global)."""
+    keys = set(parts[0])
+    for part in parts[1:]:
+        if set(part) != keys:
+            raise ValueError(f"generation outputs differ in their keys: {sorted(keys)} vs {sorted(part)}.")
+    merged = {}
+    for key in sorted(keys):
+        values = [part[key] for part in parts]
+        if key in _SCALAR_KEYS:
+            continue
+        if key in _PROMPT_KEYS or key in _COMPLETION_KEYS:
+            left = key in _PROMPT_KEYS
+            pad = {**_PROMPT_KEYS, **_COMPLETION_KEYS}[key]
+            pad = pad_token_id if pad == "pad" else pad
+            if values[0].dim() == 2 and values[0].shape[1] == 1 and key == "importance_sampling_ratio":
+                merged[key] = torch.cat(values)  # sequence-level ratios: one column
+                continue
+            length = max(v.shape[1] for v in values)
+            merged[key] = torch.cat([_pad_to(v, length, pad, left) for v in values])
+        elif key in _ROW_KEYS or (torch.is_tensor(values[0]) and values[0].dim() == 1):
+            merged[key] = torch.cat(values)
+        else:
+            raise ValueError(f"dynamic sampling cannot merge the generation output's {key!r} (multimodal inputs?).")
+    return merged
+
+
+class DynamicSampling:
+    """Mixin for `GRPOTrainer` subclasses: `_generate_and_score_completions` with DAPO's group filter."""
+
+    def _dynamic_sampling_prompts(self, count: int) -> list:
+        """`count` fresh prompts for this process, each repeated `num_generations` times (a generation batch)."""
+        if not hasattr(self, "_extra_prompt_generator"):
+            self._extra_prompt_generator = torch.Generator().manual_seed(
+                self.args.seed + 7919 * (1 + self.accelerator.process_index)
+            )
+        indices = torch.randint(len(self.train_dataset), (count,), generator=self._extra_prompt_generator).tolist()
+        return [self.train_dataset[i] for i in indices for _ in range(self.num_generations)]
+
+    def _generate_and_score_completions(self, inputs):
+        if not self.args.dynamic_sampling or not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        group_size = self.num_generations
+        if len(inputs) % group_size or any(
+            inputs[start]["prompt"] != inputs[start + k]["prompt"]
+            for start in range(0, len(inputs), group_size)
+            for k in range(1, group_size)
+        ):
+            raise ValueError(
+                "dynamic sampling needs each process's generation batch to hold whole prompt groups: set "
+                "per_device_train_batch_size x steps_per_generation to a multiple of num_generations."
+            )
+        wanted = len(inputs) // group_size
+        kept, dropped, generated, rounds = [], [], 0, 0
+        batch = inputs
+        while True:
+            output = super()._generate_and_score_completions(batch)
+            rounds += 1
+            signal = group_has_signal(output["advantages"], group_size)
+            generated += signal.numel()
+            rows = torch.arange(signal.numel() * group_size).reshape(-1, group_size)
+            kept += [select_rows(output, rows[g]) for g in signal.nonzero().flatten().tolist()]
+            dropped += [select_rows(output, rows[g]) for g in (~signal).nonzero().flatten().tolist()]
+            missing = torch.tensor(float(max(0, wanted - len(kept))), device=self.accelerator.device)
+            if self.accelerator.reduce(missing, reduction="sum").item() == 0:
+                break
+            if rounds > self.args.dynamic_sampling_max_rounds:
+                break
+            batch = self._dynamic_sampling_prompts(wanted)
+        groups = kept[:wanted]
+        filler = dropped[: wanted - len(groups)]
+        for group in filler:  # rounds ran out: keep the shapes, but these tokens do not count
+            group["completion_mask"] = torch.zeros_like(group["completion_mask"])
+        output = merge_generation_outputs(groups + filler, self._tokenizer.pad_token_id)
+        loss_mask = output["completion_mask"]
+        if "tool_mask" in output:
+            loss_mask = loss_mask * output["tool_mask"]
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        counts = torch.tensor([rounds, generated, generated - len(kept), len(groups), wanted], dtype=torch.float64)
+        totals = self.accelerator.reduce(counts.to(self.accelerator.device), reduction="sum").tolist()
+        metrics = self._metrics["train"]
+        metrics["dynamic_sampling/rounds"].append(rounds)
+        metrics["dynamic_sampling/dropped_group_share"].append(totals[2] / max(totals[1], 1.0))
+        metrics["dynamic_sampling/filled_share"].append(totals[3] / max(totals[4], 1.0))
+        return output
