@@ -9,6 +9,10 @@ Every comparison runs on two backends (the `kernel_run` fixture):
 Outputs are checked against (a) an independent mpmath root of the binary-KL equation (docs/band-operator.md accuracy
 targets: `2e-6 * max(1, r)` for float32 compute, `1e-6 * max(1, r)` for float64) and (b) the torch solver
 `band_bounds(..., solver="torch")`. GPU-only tests below cover `torch.compile`, CUDA-graph capture and int64 indexing.
+
+Per-token radii (docs/band-operator.md, "Per-token radius"): the "mixed" cases give each element its own radius in ONE
+kernel call (per element, per row `(B, 1)`, 0-d, a bf16 radius tensor), checked against mpmath at each element's
+radius and against the torch solver; the "bad-radius" cases put NaN / 0 / negative / infinite radii among good ones.
 """
 
 import math
@@ -76,6 +80,35 @@ def build_cases() -> dict:
             x = torch.tensor(SPECIALS, dtype=torch.float64).to(dtype)
             cases[f"big-radius-{name}-{config}"] = dict(x=x, radius=5.0, config=config, kind="special")
     cases["empty"] = dict(x=torch.empty(2, 0), radius=0.05, config="plain", kind="empty")
+    cases["empty-radius-tensor"] = dict(x=torch.empty(2, 0), radius=torch.empty(2, 1), config="plain", kind="empty")
+    cases.update(_per_token_radius_cases(grid))
+    return cases
+
+
+MIXED_RADII = (1e-3, 0.05, 1.0, 3.0)  # float32-exact below, so fp32 and fp64 compute see the same radii
+
+
+def _per_token_radius_cases(grid: torch.Tensor) -> dict:
+    """Cases with a tensor radius: "mixed" (checked against mpmath and torch), "bad-radius" (NaN where bad)."""
+    radii = torch.tensor(MIXED_RADII, dtype=torch.float32)
+    per_element = radii[torch.arange(grid.numel()) % len(MIXED_RADII)]
+    cases = {}
+    for name in ("fp32", "fp64"):
+        x = grid.to(DTYPES[name])
+        cases[f"mixed-{name}-per-token"] = dict(x=x, radius=per_element.to(x.dtype), config="plain", kind="mixed")
+        rows = x.reshape(len(MIXED_RADII) * 2, -1)  # (8, 20): one radius per row
+        row_radii = radii.repeat(2)[:, None].double()
+        cases[f"mixed-{name}-per-row"] = dict(x=rows, radius=row_radii, config="plain", kind="mixed")
+        zero_d = torch.tensor(0.3, dtype=torch.float32)
+        cases[f"mixed-{name}-0d"] = dict(x=x, radius=zero_d, config="plain", kind="mixed")
+    cases["mixed-fp32-cap+relax"] = dict(x=grid, radius=per_element, config="cap+relax", kind="mixed")
+    cases["mixed-fp32-bf16-radius"] = dict(x=grid, radius=per_element.bfloat16(), config="plain", kind="mixed")
+    bad = torch.tensor([math.nan, 0.0, -0.0, -0.05, math.inf, -math.inf, 0.05, 1.0], dtype=torch.float64)
+    for name in ("fp32", "fp64", "bf16"):
+        x = _broad_logps(seed=5)[:1464].to(DTYPES[name]).reshape(8, 183)
+        radius = bad[torch.arange(x.numel()) % len(bad)].reshape(x.shape)
+        for config in ("plain", "cap+relax"):
+            cases[f"bad-radius-{name}-{config}"] = dict(x=x, radius=radius, config=config, kind="bad-radius")
     return cases
 
 
@@ -87,10 +120,15 @@ def run_kernel(cases: dict, device: str) -> dict:
     for name, case in cases.items():
         upper_max, relax = CONFIGS[case["config"]]
         lower, upper = band_bounds(
-            case["x"].to(device), case["radius"], solver="triton", upper_max=upper_max, relax=relax
+            case["x"].to(device), _radius_on(case, device), solver="triton", upper_max=upper_max, relax=relax
         )
         out[name] = (lower.cpu(), upper.cpu())
     return out
+
+
+def _radius_on(case: dict, device: str):
+    radius = case["radius"]
+    return radius.to(device) if torch.is_tensor(radius) else radius
 
 
 def _interpreter_checks() -> dict:
@@ -100,22 +138,30 @@ def _interpreter_checks() -> dict:
 
     checks = {"interpreted": str(band_kl.INTERPRETED)}
     x = torch.linspace(-20, 0, 300).reshape(3, 100)
+    per_token = torch.linspace(0.01, 2.0, 300).reshape(3, 100)
     try:
         op = torch.ops.trl_bandpo.band_bounds_kl.default
         for args in (
             (x, 0.05, 10.0, 0.2, 0.28),
             (x.double(), 0.05, None, None, None),
             (x.bfloat16(), 1.0, None, 0.1, 0.1),
+            # per-token radii (the float radius is then unused): per element, per row, 0-d; no NaN (opcheck compares
+            # outputs with assert_close, where NaN != NaN: the bad-radius cases check NaN)
+            (x, 1.0, 10.0, 0.2, 0.28, per_token),
+            (x.double(), 1.0, None, None, None, torch.tensor([[0.05], [3.0], [1.0]])),
+            (x.bfloat16(), 1.0, None, 0.1, 0.1, torch.tensor(0.3, dtype=torch.float64)),
         ):
             torch.library.opcheck(op, args)
         checks["opcheck"] = "ok"
     except Exception:
         checks["opcheck"] = traceback.format_exc()
     try:
-        fn = lambda t: band_bounds(t, 0.05, solver="triton", upper_max=10.0, relax=(0.2, 0.28))  # noqa: E731
-        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
-        same = all(torch.equal(a, b) for a, b in zip(compiled(x), fn(x)))
-        checks["compile"] = "ok" if same else "compiled and eager outputs differ"
+        for radius in (0.05, per_token, per_token[:, :1]):
+            fn = lambda t, r=radius: band_bounds(t, r, solver="triton", upper_max=10.0, relax=(0.2, 0.28))  # noqa: E731
+            compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+            if not all(torch.equal(a, b) for a, b in zip(compiled(x), fn(x))):
+                raise AssertionError(f"compiled and eager outputs differ (radius {type(radius).__name__})")
+        checks["compile"] = "ok"
     except Exception:
         checks["compile"] = traceback.format_exc()
     return checks
@@ -174,18 +220,21 @@ def _mp_bounds(logp: float, radius: float) -> tuple[float, float]:
 
 
 def mp_reference(cases: dict) -> dict:
-    """name -> (lower, upper) float64 references for the "acc" cases (no cap / relax applied)."""
+    """name -> (lower, upper) float64 references for the "acc" and "mixed" cases (no cap / relax applied), each
+    element at its own radius."""
     cache, out = {}, {}
     for name, case in cases.items():
-        if case["kind"] != "acc":
+        if case["kind"] not in ("acc", "mixed"):
             continue
+        x, radius = case["x"].double(), case["radius"]
+        radii = radius.double().expand(x.shape).reshape(-1).tolist() if torch.is_tensor(radius) else None
         pairs = []
-        for v in case["x"].double().tolist():
-            key = (v, case["radius"])
+        for i, v in enumerate(x.reshape(-1).tolist()):
+            key = (v, radius if radii is None else radii[i])
             if key not in cache:
-                cache[key] = _mp_bounds(v, case["radius"])
+                cache[key] = _mp_bounds(*key)
             pairs.append(cache[key])
-        out[name] = tuple(torch.tensor(side, dtype=torch.float64) for side in zip(*pairs))
+        out[name] = tuple(torch.tensor(side, dtype=torch.float64).reshape(x.shape) for side in zip(*pairs))
     return out
 
 
@@ -222,7 +271,9 @@ def _torch_solver(case, device):
     from trl_bandpo.band import band_bounds
 
     upper_max, relax = CONFIGS[case["config"]]
-    lower, upper = band_bounds(case["x"].to(device), case["radius"], solver="torch", upper_max=upper_max, relax=relax)
+    lower, upper = band_bounds(
+        case["x"].to(device), _radius_on(case, device), solver="torch", upper_max=upper_max, relax=relax
+    )
     return lower.cpu(), upper.cpu()
 
 
@@ -242,7 +293,7 @@ def test_output_dtype_and_shape(kernel_run, cases):
             assert bound.dtype == _compute_dtype(case["x"].dtype), name
 
 
-@pytest.mark.parametrize("name", _names("acc"))
+@pytest.mark.parametrize("name", _names("acc") + _names("mixed"))
 def test_accuracy_against_mpmath(kernel_run, reference, cases, name):
     _, outputs, _ = kernel_run
     case = cases[name]
@@ -254,15 +305,16 @@ def test_accuracy_against_mpmath(kernel_run, reference, cases, name):
     if relax is not None:
         ref_lower, ref_upper = ref_lower.clamp(max=1 - relax[0]), ref_upper.clamp(min=1 + relax[1])
     for got, ref, side in zip(outputs[name], (ref_lower, ref_upper), ("lower", "upper")):
-        err = (got.double() - ref).abs() / ref.clamp(min=1.0)
+        got, ref = got.double().reshape(-1), ref.reshape(-1)
+        err = (got - ref).abs() / ref.clamp(min=1.0)
         worst = int(err.argmax())
         assert err.max() <= tol, (
             f"{name} {side}: relative error {err.max().item():.3g} > {tol} at log p = "
-            f"{case['x'].double()[worst].item()!r}: got {got[worst].item()!r}, exact {ref[worst].item()!r}"
+            f"{case['x'].double().reshape(-1)[worst].item()!r}: got {got[worst].item()!r}, exact {ref[worst].item()!r}"
         )
 
 
-@pytest.mark.parametrize("name", _names("acc") + _names("broad") + _names("special"))
+@pytest.mark.parametrize("name", [n for k in ("acc", "broad", "special", "mixed", "bad-radius") for n in _names(k)])
 def test_matches_torch_solver(kernel_run, cases, name):
     device, outputs, _ = kernel_run
     case = cases[name]
@@ -301,6 +353,19 @@ def test_special_inputs(kernel_run, cases, name):
     finite = ~x.isnan()
     assert (lower[finite] >= 0).all() and (lower[finite] <= 1).all()
     assert (upper[finite] >= 1).all() and (upper[finite] <= cap).all()
+
+
+@pytest.mark.parametrize("name", _names("bad-radius"))
+def test_bad_radius_elements_give_nan_locally(kernel_run, cases, name):
+    """A radius that is NaN, +-inf or <= 0 gives NaN bounds at its element; every other element is finite unless its
+    log-probability is NaN (the torch solver, compared above, agrees on the values)."""
+    _, outputs, _ = kernel_run
+    case = cases[name]
+    radius, x = case["radius"], case["x"].double()
+    bad = ~(torch.isfinite(radius) & (radius > 0))
+    for bound in outputs[name]:
+        assert bool(bound[bad].isnan().all())
+        assert torch.equal(bound[~bad].isnan(), x[~bad].isnan())
 
 
 @pytest.mark.parametrize("name", _names("acc"))
@@ -416,6 +481,50 @@ def test_gpu_cuda_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     want = band_bounds(x, 0.05, solver="torch", relax=(0.2, 0.28))
+    torch.testing.assert_close(lower, want[0], rtol=4e-6, atol=4e-6)
+    torch.testing.assert_close(upper, want[1], rtol=4e-6, atol=4e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_gpu_per_token_radius_large_matches_torch(dtype):
+    """The per-token radius path (verified under the interpreter only until this runs): per element, per row, 0-d
+    and bad elements, over many programs and a ragged tail."""
+    from trl_bandpo.band import band_bounds
+
+    x = _gpu_input((1 << 21) + 3, dtype)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    per_token = torch.rand(x.shape, device="cuda", generator=g, dtype=torch.float64) * 3 + 1e-3
+    per_token[::1001] = math.nan
+    per_token[1::1001] = -1.0
+    rows = x[: (1 << 21)].reshape(1024, -1)
+    tol = 4e-6 if dtype != torch.float64 else 1e-12
+    for old, radius in ((x, per_token), (rows, per_token[:1024, None]), (x, torch.tensor(0.3, device="cuda"))):
+        got = band_bounds(old, radius, solver="triton", upper_max=10.0)
+        want = band_bounds(old, radius, solver="torch", upper_max=10.0)
+        for a, b in zip(got, want):
+            assert torch.equal(a.isnan(), b.isnan())
+            finite = b.isfinite()
+            a, b = a[finite].double(), b[finite].double()
+            assert ((a - b).abs() / b.abs().clamp(min=1)).max().item() <= tol
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_per_token_radius():
+    """Radii updated in place between replays, as a schedule would: no host read, the graph sees the new values."""
+    from trl_bandpo.band import band_bounds
+
+    x = _gpu_input()
+    radius = torch.full_like(x, 0.05)
+    band_bounds(x, radius, solver="triton", upper_max=10.0)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        lower, upper = band_bounds(x, radius, solver="triton", upper_max=10.0)
+    radius.copy_(torch.linspace(0.01, 2.0, x.numel(), device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = band_bounds(x, radius, solver="torch", upper_max=10.0)
     torch.testing.assert_close(lower, want[0], rtol=4e-6, atol=4e-6)
     torch.testing.assert_close(upper, want[1], rtol=4e-6, atol=4e-6)
 

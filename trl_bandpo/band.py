@@ -16,6 +16,10 @@ Solvers (in `trl_bandpo.band_solvers`; all vectorised, none synchronises with th
 - "tv", "chi2": closed forms;
 - every other generator ("reverse_kl", "hellinger", "js" or a user callable): fixed-count bracketed bisection.
 
+`radius` is one float for every token or a tensor of per-token radii broadcastable to `old_logps`
+(docs/band-operator.md, "Per-token radius"): a tensor is checked by its metadata only (`check_radius_tensor`), never
+by reading its values, and an element that is not a finite number > 0 gives NaN bounds at its positions only.
+
 Accelerated solvers (the Triton kernel) live in `trl_bandpo.kernels`, which imports this module and registers
 itself with `register_kernel_solver`; this module never imports the kernels. `band_bounds(..., solver="auto")`
 uses a registered kernel wherever it can run and the torch solvers elsewhere.
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .band_solvers import KL_NEWTON_STEPS, closed_form_bounds, generic_bounds, kl_bounds
+from .band_solvers import KL_NEWTON_STEPS, Radius, closed_form_bounds, generic_bounds, kl_bounds
 
 __all__ = [
     "DIVERGENCES",
@@ -40,6 +44,7 @@ __all__ = [
     "band_bounds",
     "check_divergence",
     "check_radius",
+    "check_radius_tensor",
     "check_relax",
     "check_solver",
     "check_upper_max",
@@ -113,7 +118,9 @@ class KernelSolver:
     Attributes:
         divergences: divergence names it solves (e.g. `("kl",)`).
         unavailable_reason: `(tensor) -> str | None`, why it cannot run on that tensor's device (`None`: it can).
-        bounds: `(old_logps, radius, *, upper_max, relax) -> (lower, upper)` with the semantics of `band_bounds`.
+        bounds: `(old_logps, radius, *, upper_max, relax) -> (lower, upper)` with the semantics of `band_bounds`;
+            `radius` is a float, or a tensor that passed `check_radius_tensor` (values unchecked: the solver gives
+            NaN bounds where an element is not finite > 0, and clamps KL radii at `KL_SATURATION_RADIUS`).
     """
 
     divergences: tuple[str, ...]
@@ -151,10 +158,38 @@ def _is_real(value) -> bool:
 
 
 def check_radius(value, label: str = "radius") -> float:
-    """`value` as a float if it is a finite number > 0, else a `ValueError` naming `label`."""
+    """`value` as a float if it is a finite number > 0, else a `ValueError` naming `label` (for configs and other
+    scalar radii; `check_radius_tensor` checks a tensor of per-token radii)."""
+    if torch.is_tensor(value):  # no value in the message: printing a CUDA tensor would synchronise
+        raise ValueError(f"{label} must be a finite number > 0 here, got a tensor.")
     if not _is_real(value) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{label} must be a finite number > 0 (the trust-region size delta), got {value!r}.")
     return float(value)
+
+
+def check_radius_tensor(value, like: torch.Tensor, label: str = "radius") -> torch.Tensor:
+    """`value` if it is a tensor of radii `band_bounds` accepts for `old_logps = like`, else a `ValueError` naming
+    `label`: floating point, not requiring grad, on `like`'s device, broadcastable to `like.shape` (for `(B, T)`
+    log-probs e.g. `(B, T)`, `(B, 1)` or 0-d). Metadata only: nothing synchronises with a GPU. The values are judged
+    elementwise by the solvers: NaN, infinite or <= 0 gives NaN bounds where it applies (docs/band-operator.md,
+    "Per-token radius")."""
+    if not torch.is_tensor(value):
+        raise ValueError(f"{label} must be a tensor here, got {type(value).__name__}.")
+    if not value.is_floating_point():
+        raise ValueError(f"{label} must be a floating-point tensor, got dtype {value.dtype}.")
+    if value.requires_grad:
+        raise ValueError(f"{label} must not require grad (the Band bounds are not differentiated): detach it.")
+    if value.device != like.device:
+        raise ValueError(f"{label} must be on the device of old_logps ({like.device}), got {value.device}.")
+    try:
+        broadcasts = torch.broadcast_shapes(value.shape, like.shape) == like.shape
+    except RuntimeError:
+        broadcasts = False
+    if not broadcasts:
+        raise ValueError(
+            f"{label} of shape {tuple(value.shape)} does not broadcast to the shape {tuple(like.shape)} of old_logps."
+        )
+    return value
 
 
 def check_divergence(value, label: str = "divergence"):
@@ -214,14 +249,28 @@ def check_relax(value, label: str = "relax") -> tuple[float, float] | None:
 
 
 def validate_band_args(
-    radius: float,
+    radius: Radius,
     divergence: str | Callable,
     solver: str = "auto",
     upper_max: float | None = None,
     relax: tuple[float, float] | None = None,
+    *,
+    old_logps: torch.Tensor | None = None,
 ) -> None:
-    """Raise `ValueError` naming the argument if any Band argument is outside what is allowed."""
-    check_radius(radius)
+    """Raise `ValueError` naming the argument if any Band argument is outside what is allowed.
+
+    `radius` is a number (`check_radius`), or, only when the `old_logps` it applies to are given, a tensor of
+    per-token radii (`check_radius_tensor`: metadata only, no host synchronisation)."""
+    if torch.is_tensor(radius) and old_logps is not None:
+        if not torch.is_tensor(old_logps) or not old_logps.is_floating_point():
+            raise ValueError(f"old_logps must be a floating-point tensor, got {type(old_logps).__name__}.")
+        check_radius_tensor(radius, old_logps)
+    else:
+        check_radius(radius)
+    _check_options(divergence, solver, upper_max, relax)
+
+
+def _check_options(divergence, solver, upper_max, relax) -> None:
     check_divergence(divergence)
     check_solver(solver)
     if upper_max is not None:  # the strings "none"/"null" are for configs, not for this API
@@ -243,7 +292,7 @@ def _check_generator(f: Callable) -> None:
 
 def band_bounds(
     old_logps: torch.Tensor,
-    radius: float = 0.05,
+    radius: Radius = 0.05,
     divergence: str | Callable[[torch.Tensor], torch.Tensor] = "kl",
     *,
     solver: str = "auto",
@@ -255,7 +304,11 @@ def band_bounds(
     Args:
         old_logps (`torch.Tensor`, any shape, any float dtype): `log pi_old(a|s)` of the sampled tokens. `0` (p = 1),
             `-inf` (p = 0) and positive values (treated as p = 1) give finite bounds; NaN gives NaN.
-        radius (`float`, defaults to `0.05`): the trust-region radius `delta`.
+        radius (`float` or `torch.Tensor`, defaults to `0.05`): the trust-region radius `delta`: one number, or a
+            floating tensor of per-token radii broadcastable to `old_logps` (e.g. `(B, T)`, `(B, 1)` or 0-d) on its
+            device, not requiring grad (docs/band-operator.md, "Per-token radius"). Each element's bounds are those
+            of a call with that element's radius; an element that is NaN, infinite or <= 0 gives NaN bounds where
+            it applies and nowhere else (checked on the device, without synchronising).
         divergence (`str` or callable, defaults to `"kl"`): one of `DIVERGENCES`, or a convex generator `f` acting
             elementwise on float64 tensors with `f(1) = 0`.
         solver (`str`, defaults to `"auto"`): `"torch"`, `"triton"` (KL on CUDA tensors only) or `"auto"` (Triton
@@ -270,12 +323,19 @@ def band_bounds(
         `(lower, upper)`: two tensors shaped like `old_logps`, float32 (float64 for float64 input), with
         `0 <= lower <= 1 <= upper <= 1/p`.
     """
-    validate_band_args(radius, divergence, solver, upper_max, relax)
+    per_token = torch.is_tensor(radius)
+    if per_token:
+        _check_options(divergence, solver, upper_max, relax)
+    else:
+        validate_band_args(radius, divergence, solver, upper_max, relax)
     if not torch.is_tensor(old_logps) or not old_logps.is_floating_point():
         raise ValueError(f"old_logps must be a floating-point tensor, got {type(old_logps).__name__}.")
-    radius = float(radius)
-    if divergence == "kl":
-        radius = min(radius, KL_SATURATION_RADIUS)  # same bounds to float precision, no overflow in float32
+    if per_token:
+        check_radius_tensor(radius, old_logps)
+    else:
+        radius = float(radius)
+        if divergence == "kl":
+            radius = min(radius, KL_SATURATION_RADIUS)  # same bounds to float precision, no overflow in float32
     compute_dtype = compute_dtype_for(old_logps.dtype)
 
     if solver != "torch":
@@ -289,17 +349,35 @@ def band_bounds(
 
     with torch.no_grad():
         logp = old_logps.detach().to(compute_dtype).clamp(max=0.0)  # NaN stays NaN
+        valid = None
+        if per_token:
+            radius, valid = _solver_radius(radius, divergence, compute_dtype, logp.shape)
         if divergence == "kl":
             lower, upper = (bound.reshape(logp.shape) for bound in kl_bounds(logp, radius))
         elif divergence == "tv":
-            lower, upper = closed_form_bounds(logp, radius / torch.exp(logp))
+            # `radius / exp(logp)` as torch evaluates it for a float radius, so a tensor gives the same bits
+            lower, upper = closed_form_bounds(logp, torch.exp(logp).reciprocal() * radius)
         elif divergence == "chi2":
             lower, upper = closed_form_bounds(logp, torch.sqrt(radius * -torch.expm1(logp) / torch.exp(logp)))
         else:
             f = GENERATORS[divergence] if isinstance(divergence, str) else divergence
             lower, upper = generic_bounds(logp.double(), radius, f)
             lower, upper = lower.to(compute_dtype), upper.to(compute_dtype)
+        if valid is not None:  # NaN where the radius is bad; the cap and the union below keep NaN
+            lower, upper = torch.where(valid, lower, math.nan), torch.where(valid, upper, math.nan)
         return _cap_and_relax(lower, upper, upper_max, relax)
+
+
+def _solver_radius(radius: torch.Tensor, divergence, compute_dtype: torch.dtype, shape: torch.Size):
+    """`(radius, valid)`: per-token radii as the torch solvers take them (in the dtype they solve in, as a float is;
+    KL clamped at `KL_SATURATION_RADIUS`; bad elements replaced by 1), and where they are finite and > 0."""
+    valid = torch.isfinite(radius) & (radius > 0)
+    dtype = compute_dtype if divergence in ("kl", "tv", "chi2") else torch.float64
+    radius = torch.where(valid, radius.detach().to(dtype), 1.0)
+    if divergence == "kl":
+        radius = radius.clamp(max=KL_SATURATION_RADIUS)
+        radius = radius.reshape(()) if radius.numel() == 1 else radius.expand(shape)  # as `kl_bounds` takes it
+    return radius, valid
 
 
 def _cap_and_relax(lower, upper, upper_max, relax):

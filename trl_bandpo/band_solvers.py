@@ -3,16 +3,25 @@ for any other generator (docs/band-operator.md, "Solver and error bound").
 
 All are vectorised and take a fixed number of steps: none synchronises with the host. `trl_bandpo.band.band_bounds`
 is the entry point; the Triton kernels (`trl_bandpo.kernels`) implement the KL solver with the same steps.
+
+`radius` is a Python float or a tensor of radii (docs/band-operator.md, "Per-token radius"): for `closed_form_bounds`
+and `generic_bounds` any shape that broadcasts with `logp`; for `kl_bounds` 0-d or shaped like `logp`. A tensor
+arrives validated (finite, > 0) and in the dtype the solver computes in; a float takes exactly the float arithmetic of
+before, so scalar results do not change.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Union
 
 import torch
 
 __all__ = ["KL_NEWTON_STEPS", "closed_form_bounds", "generic_bounds", "kl_bounds"]
+
+#: A trust-region radius: one float for every token, or a tensor of per-token radii.
+Radius = Union[float, torch.Tensor]
 
 # Newton steps of the KL solver, per compute dtype (the Triton kernels use the same counts). From its start point
 # the relative error after 3 steps was at most 1e-7 (at delta = 1e-3; 1e-8 at 0.05) and at float64 round-off after
@@ -21,7 +30,6 @@ __all__ = ["KL_NEWTON_STEPS", "closed_form_bounds", "generic_bounds", "kl_bounds
 KL_NEWTON_STEPS = {torch.float32: 3, torch.float64: 4}
 # Bisection steps of the generic solver: 2^-60 of the bracket, far below float32 resolution and at the float64 target.
 _BISECTION_STEPS = 60
-
 
 
 def closed_form_bounds(logp: torch.Tensor, half_width: torch.Tensor):
@@ -36,24 +44,31 @@ def closed_form_bounds(logp: torch.Tensor, half_width: torch.Tensor):
 _CPU_CHUNK = 1 << 16
 
 
-def kl_bounds(logp: torch.Tensor, radius: float):
-    """KL bounds as flat tensors (see `_kl_bounds_flat`), in cache-sized chunks on CPU."""
+def kl_bounds(logp: torch.Tensor, radius: Radius):
+    """KL bounds as flat tensors (see `_kl_bounds_flat`), in cache-sized chunks on CPU.
+
+    `radius`: a float, or a tensor that is 0-d (one radius) or shaped like `logp` (one radius per element)."""
     logp = logp.reshape(-1)
+    per_element = torch.is_tensor(radius) and radius.dim() > 0
+    if per_element:
+        radius = radius.reshape(-1)
     if logp.device.type != "cpu" or logp.numel() <= _CPU_CHUNK:
         return _kl_bounds_flat(logp, radius)
     lower, upper = torch.empty_like(logp), torch.empty_like(logp)
     for start in range(0, logp.numel(), _CPU_CHUNK):  # a loop over sizes, not data: no synchronisation
         chunk = slice(start, start + _CPU_CHUNK)
-        lower[chunk], upper[chunk] = _kl_bounds_flat(logp[chunk], radius)
+        lower[chunk], upper[chunk] = _kl_bounds_flat(logp[chunk], radius[chunk] if per_element else radius)
     return lower, upper
 
 
-def _kl_bounds_flat(logp: torch.Tensor, radius: float):
+def _kl_bounds_flat(logp: torch.Tensor, radius: Radius):
     """KL bounds for 1-D `logp`. Binary KL is symmetric under (p, q) -> (1-p, 1-q), so both roots are lower roots
     (docs/band-operator.md, "Both roots are lower roots"): `lower = exp(t(p))` and
     `upper = (1 - (1-p) exp(t(1-p))) / p`, `t(s)` from `_solve_binary_kl_lower`."""
     p = torch.exp(logp)
     one_minus_p = torch.expm1(logp).neg_()
+    if torch.is_tensor(radius) and radius.dim() > 0:  # per element: both halves of the batch take the same radii
+        radius = torch.cat([radius, radius])
     # Both sides in one batch: half the kernel launches of two separate solves.
     t_low, t_high = _solve_binary_kl_lower(torch.cat([p, one_minus_p]), torch.cat([one_minus_p, p]), radius).chunk(2)
     # upper = q/p with 1 - q = (1 - p) e^t, written without the cancellation of 1 - (1 - q) when q is small
@@ -61,8 +76,9 @@ def _kl_bounds_flat(logp: torch.Tensor, radius: float):
     return t_low.exp(), upper
 
 
-def _solve_binary_kl_lower(s: torch.Tensor, one_minus_s: torch.Tensor, radius: float) -> torch.Tensor:
-    """`t = log(q/s) < 0` solving `KL(Bern(s) || Bern(q)) = radius` with `q < s`, for 1-D tensors `s`, `1 - s`.
+def _solve_binary_kl_lower(s: torch.Tensor, one_minus_s: torch.Tensor, radius: Radius) -> torch.Tensor:
+    """`t = log(q/s) < 0` solving `KL(Bern(s) || Bern(q)) = radius` with `q < s`, for 1-D tensors `s`, `1 - s` and
+    `radius` a float, a 0-d tensor or a 1-D tensor like `s` (every step below is elementwise in it).
 
     With `u = s expm1(t)` (so `1 - q = (1 - s) - u`) the equation reads, free of cancellation beyond the inherent
     first-order one,
@@ -81,7 +97,10 @@ def _solve_binary_kl_lower(s: torch.Tensor, one_minus_s: torch.Tensor, radius: f
     neg_inv_one_minus_s = one_minus_s.reciprocal().neg_()
     # Floored at 2 log(tiny): any t below underflows exp(t) to 0 anyway, and -inf would turn Newton into NaN.
     t_floor = (one_minus_s * one_minus_s.log()).sub_(radius).div_(s).clamp_(min=2 * math.log(tiny))
-    t_ceil = torch.tensor(-radius, dtype=s.dtype, device=s.device)
+    if torch.is_tensor(radius):
+        t_ceil = radius.neg()
+    else:  # a float: the same 0-d tensor as ever, so float radii keep their results bit for bit
+        t_ceil = torch.tensor(-radius, dtype=s.dtype, device=s.device)
     t = (2 * radius * one_minus_s / s).sqrt_().neg_().add_(1).clamp_(min=tiny).log_()
     t = torch.clamp(t, t_floor, t_ceil)
     steps = KL_NEWTON_STEPS[s.dtype]
@@ -93,9 +112,10 @@ def _solve_binary_kl_lower(s: torch.Tensor, one_minus_s: torch.Tensor, radius: f
     return t
 
 
-def generic_bounds(logp: torch.Tensor, radius: float, f: Callable[[torch.Tensor], torch.Tensor]):
+def generic_bounds(logp: torch.Tensor, radius: Radius, f: Callable[[torch.Tensor], torch.Tensor]):
     """Bounds for any convex generator by bracketed bisection (float64): on `r` in `[0, 1]` for the lower root and
-    on `log r` in `[0, -log p]` for the upper one, so both reach the accuracy target in `_BISECTION_STEPS` steps."""
+    on `log r` in `[0, -log p]` for the upper one, so both reach the accuracy target in `_BISECTION_STEPS` steps.
+    A tensor `radius` broadcasts with `logp` (e.g. `(B, 1)` against `(B, T)`); so do the outputs."""
     tiny = torch.finfo(logp.dtype).tiny
     underflow = logp < math.log(tiny)  # p = 0 to float precision: upper is the cap, as 1/p overflows for KL/TV/chi2
     logp = logp.clamp(min=math.log(tiny))

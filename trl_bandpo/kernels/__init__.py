@@ -15,7 +15,8 @@ __all__ = ["band_bounds_kl_triton", "band_clipped_surrogate", "interpreter_enabl
 
 
 def band_bounds_kl_triton(old_logps, radius, *, upper_max=None, relax=None):
-    """KL Band bounds computed by the fused Triton kernel (see `band_kl.py`)."""
+    """KL Band bounds computed by the fused Triton kernel (see `band_kl.py`); `radius` is a float or a tensor of
+    per-token radii broadcastable to `old_logps` (docs/band-operator.md, "Per-token radius")."""
     from .band_kl import band_bounds_kl_triton as launch
 
     return launch(old_logps, radius, upper_max=upper_max, relax=relax)

@@ -7,6 +7,13 @@ safeguarded Newton in log space from the chi-square start, `KL_NEWTON_STEPS[dtyp
 "lower roots" via the symmetry (p, q) -> (1-p, 1-q), then the `upper_max` cap and the `relax` union.
 fp16 / bf16 / fp32 input is solved in fp32 and written as fp32; fp64 input is solved and written in fp64.
 
+`radius` is one float (a kernel argument, as it always was) or a tensor of per-token radii (docs/band-operator.md,
+"Per-token radius"): `RADIUS_MODE` 1 loads one radius for every element (stride 0), 2 one per element (the radii
+broadcast to `old_logps` and flattened like it). The kernel checks each loaded radius (NaN, infinite or <= 0 gives
+NaN bounds there), rounds it to the compute dtype and clamps it at `KL_SATURATION_RADIUS`, exactly as the torch
+solver does, so nothing is read on the host. The per-token path is verified under the interpreter only (against
+mpmath and the torch solver, tests/test_kernels.py); it is due for a run of the GPU tests on a CUDA device.
+
 The launcher is registered as the opaque custom op `torch.ops.trl_bandpo.band_bounds_kl` (with a fake
 implementation), so it can sit inside `torch.compile` graphs and CUDA-graph captures; it never syncs with the host.
 The torch fallback is `trl_bandpo.band.band_bounds(..., solver="torch")`.
@@ -19,13 +26,13 @@ use up half of the float32 accuracy target at p = 1e-8).
 """
 
 import math
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import triton
 import triton.language as tl
 
-from ..band import compute_dtype_for, validate_band_args
+from ..band import KL_SATURATION_RADIUS, compute_dtype_for, validate_band_args
 from ..band_solvers import KL_NEWTON_STEPS
 from .runtime import interpreter_enabled
 
@@ -131,6 +138,7 @@ def _kl_band_bounds(logp, radius, tiny, t_min, NEWTON_STEPS: tl.constexpr):
 @triton.jit
 def _band_kl_kernel(
     logp_ptr,
+    radius_ptr,
     lower_ptr,
     upper_ptr,
     n_elements,
@@ -138,19 +146,30 @@ def _band_kl_kernel(
     cap_arg: tl.float64,
     relax_lower_arg: tl.float64,
     relax_upper_arg: tl.float64,
+    nan_arg: tl.float64,
     COMPUTE_DTYPE: tl.constexpr,
     TINY: tl.constexpr,
     T_MIN: tl.constexpr,
     HAS_RELAX: tl.constexpr,
+    RADIUS_MODE: tl.constexpr,
+    KL_SATURATION: tl.constexpr,
     NEWTON_STEPS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """Reads `logp[n]` (any float dtype), writes `lower[n]`, `upper[n]` in COMPUTE_DTYPE (fp32 or fp64)."""
+    """Reads `logp[n]` (any float dtype) and, for RADIUS_MODE 1 / 2, `radius[0]` / `radius[n]` (any float dtype;
+    mode 0 takes `radius_arg`), writes `lower[n]`, `upper[n]` in COMPUTE_DTYPE (fp32 or fp64)."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = offsets < n_elements
     x = tl.load(logp_ptr + offsets, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-    # Scalars arrive as fp64 and are rounded once to the compute dtype, as torch does with Python scalars.
-    radius = tl.full([BLOCK_SIZE], radius_arg, COMPUTE_DTYPE)
+    if RADIUS_MODE == 0:
+        # Scalars arrive as fp64 and are rounded once to the compute dtype, as torch does with Python scalars.
+        radius = tl.full([BLOCK_SIZE], radius_arg, COMPUTE_DTYPE)  # checked on the host (`check_radius`)
+    else:
+        # Stride 0 (one radius) or 1 (per element). Checked before rounding, as the torch solver does: NaN, +-inf
+        # and <= 0 fail (inf - inf is NaN); a failing radius is solved as 1 and its bounds are NaN below.
+        raw = tl.load(radius_ptr + offsets * (RADIUS_MODE - 1), mask=mask, other=1.0)
+        radius_ok = (raw > 0) & (raw - raw == 0)
+        radius = tl.minimum(tl.where(radius_ok, raw.to(COMPUTE_DTYPE), 1.0), KL_SATURATION)
     tiny = tl.full([BLOCK_SIZE], TINY, COMPUTE_DTYPE)
     t_min = tl.full([BLOCK_SIZE], T_MIN, COMPUTE_DTYPE)
 
@@ -163,6 +182,10 @@ def _band_kl_kernel(
         upper = tl.maximum(upper, tl.full([BLOCK_SIZE], relax_upper_arg, COMPUTE_DTYPE))
     lower = tl.where(is_nan, x, lower)
     upper = tl.where(is_nan, x, upper)
+    if RADIUS_MODE != 0:
+        nan = tl.full([BLOCK_SIZE], nan_arg, COMPUTE_DTYPE)
+        lower = tl.where(radius_ok, lower, nan)
+        upper = tl.where(radius_ok, upper, nan)
     tl.store(lower_ptr + offsets, lower, mask=mask)
     tl.store(upper_ptr + offsets, upper, mask=mask)
 
@@ -174,14 +197,15 @@ def _launch_config(compute_dtype: torch.dtype) -> tuple[int, int]:
 
 def _band_kl_launch(
     old_logps: torch.Tensor,
-    radius: float,
+    radius: Union[float, torch.Tensor],
     upper_max: Optional[float] = None,
     relax_low: Optional[float] = None,
     relax_high: Optional[float] = None,
     block_size: Optional[int] = None,
     num_warps: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch `_band_kl_kernel` on `old_logps` (any shape); returns `(lower, upper)` shaped like it."""
+    """Launch `_band_kl_kernel` on `old_logps` (any shape) with one float `radius` or a tensor of radii that
+    broadcasts to it (same device); returns `(lower, upper)` shaped like `old_logps`."""
     if not old_logps.is_cuda and not INTERPRETED:
         raise ValueError(
             f"the Triton Band kernel needs a CUDA tensor, got one on {old_logps.device.type} "
@@ -196,6 +220,16 @@ def _band_kl_launch(
     n = x.numel()
     if n == 0:
         return lower, upper
+    radius_mode, radius_arg, radii = 0, math.nan, x  # mode 0 never reads `radii`: any pointer does
+    if torch.is_tensor(radius):
+        radii = radius.detach()
+        if radii.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            radii = radii.float()  # e.g. float8: exactly representable
+        # one radius: stride 0, nothing materialised; several: broadcast and flattened in the order of `x`
+        radius_mode = 1 if radii.numel() == 1 else 2
+        radii = radii.reshape(1) if radius_mode == 1 else radii.expand(old_logps.shape).reshape(-1).contiguous()
+    else:
+        radius_arg = float(radius)
     default_block, default_warps = _launch_config(compute_dtype)
     block_size = block_size or default_block
     finfo = torch.finfo(compute_dtype)
@@ -210,17 +244,21 @@ def _band_kl_launch(
     with guard:
         _band_kl_kernel[grid](
             x,
+            radii,
             lower,
             upper,
             n,
-            float(radius),
+            radius_arg,
             finfo.max if upper_max is None else float(upper_max),
             1.0 - float(relax_low or 0.0),
             1.0 + float(relax_high or 0.0),
+            math.nan,
             COMPUTE_DTYPE=tl.float64 if compute_dtype == torch.float64 else tl.float32,
             TINY=finfo.tiny,
             T_MIN=2 * math.log(finfo.tiny),
             HAS_RELAX=has_relax,
+            RADIUS_MODE=radius_mode,
+            KL_SATURATION=KL_SATURATION_RADIUS,
             NEWTON_STEPS=KL_NEWTON_STEPS[compute_dtype],
             BLOCK_SIZE=block_size,
             num_warps=num_warps or default_warps,
@@ -235,19 +273,23 @@ def _band_bounds_kl_op(
     upper_max: Optional[float],
     relax_low: Optional[float],
     relax_high: Optional[float],
+    radius_tensor: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _band_kl_launch(old_logps, radius, upper_max, relax_low, relax_high)
+    """`radius_tensor` (per-token radii broadcastable to `old_logps`, same device), when given, replaces `radius`."""
+    return _band_kl_launch(
+        old_logps, radius if radius_tensor is None else radius_tensor, upper_max, relax_low, relax_high
+    )
 
 
 @_band_bounds_kl_op.register_fake
-def _(old_logps, radius, upper_max, relax_low, relax_high):
+def _(old_logps, radius, upper_max, relax_low, relax_high, radius_tensor=None):
     dtype = compute_dtype_for(old_logps.dtype)
     return old_logps.new_empty(old_logps.shape, dtype=dtype), old_logps.new_empty(old_logps.shape, dtype=dtype)
 
 
 def band_bounds_kl_triton(
     old_logps: torch.Tensor,
-    radius: float,
+    radius: Union[float, torch.Tensor],
     *,
     upper_max: Optional[float] = None,
     relax: Optional[tuple[float, float]] = None,
@@ -256,15 +298,20 @@ def band_bounds_kl_triton(
 
     Args:
         old_logps (`torch.Tensor`, any shape, fp16/bf16/fp32/fp64, on CUDA): `log pi_old(a|s)`.
-        radius (`float`): the KL radius `delta > 0`.
+        radius (`float` or `torch.Tensor`): the KL radius `delta > 0`, or per-token radii broadcastable to
+            `old_logps` (e.g. `(B, T)`, `(B, 1)`, 0-d) on its device; an element that is not finite and > 0 gives
+            NaN bounds where it applies (docs/band-operator.md, "Per-token radius").
         upper_max (`float`, *optional*): cap on `upper` (`None`: the dtype's largest finite value).
         relax (`tuple[float, float]`, *optional*): `(eps_low, eps_high)`, union with `[1 - eps_low, 1 + eps_high]`.
 
     Returns:
         `(lower, upper)` shaped like `old_logps`, float32 (float64 for float64 input).
     """
-    validate_band_args(radius, "kl", "triton", upper_max, relax)
+    validate_band_args(radius, "kl", "triton", upper_max, relax, old_logps=old_logps)
     relax_low, relax_high = (None, None) if relax is None else (float(relax[0]), float(relax[1]))
-    return torch.ops.trl_bandpo.band_bounds_kl(
-        old_logps.detach(), float(radius), None if upper_max is None else float(upper_max), relax_low, relax_high
-    )
+    upper_max = None if upper_max is None else float(upper_max)
+    if torch.is_tensor(radius):  # the float `radius` of the op is then unused
+        return torch.ops.trl_bandpo.band_bounds_kl(
+            old_logps.detach(), 1.0, upper_max, relax_low, relax_high, radius.detach()
+        )
+    return torch.ops.trl_bandpo.band_bounds_kl(old_logps.detach(), float(radius), upper_max, relax_low, relax_high)
