@@ -191,3 +191,128 @@ def test_dynamic_sampling_two_processes_agree(tiny_model_dir, tmp_path):
     rounds = [[e["dynamic_sampling/rounds"] for e in log] for log in logs]
     assert rounds[0] and rounds[0] == rounds[1]
 
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Adaptive per-token radius
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_entropy_radius_formula_by_hand():
+    from trl_bandpo.adaptive_radius import entropy_radius
+
+    entropies = torch.tensor([[0.5, 1.0, 2.0, 4.0], [0.0, 1.5, 9.0, 7.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    # masked mean: (0.5 + 1 + 2 + 4 + 0 + 1.5) / 6 = 1.5
+    radius = entropy_radius(entropies, mask, 0.05, exponent=1.0, radius_min=0.01, radius_max=0.1)
+    want = [[0.05 * 0.5 / 1.5, 0.05 / 1.5, 0.05 * 2 / 1.5, 0.1], [0.01, 0.05, 0.05, 0.05]]  # clipped; padding: delta
+    torch.testing.assert_close(radius, torch.tensor(want))
+    squared = entropy_radius(entropies, mask, 0.05, exponent=2.0, radius_min=0.0001, radius_max=1.0)
+    assert squared[0, 2].item() == pytest.approx(0.05 * (2 / 1.5) ** 2)
+    flat = entropy_radius(entropies, mask, 0.05, exponent=0.0, radius_min=0.0001, radius_max=1.0)
+    assert torch.all(flat == 0.05)  # alpha = 0: the fixed radius
+    certain = entropy_radius(torch.zeros(2, 3), torch.ones(2, 3), 0.05)
+    assert torch.all(certain == 0.05)  # no entropy anywhere: every token keeps delta
+    given = entropy_radius(entropies, mask, 0.05, mean_entropy=torch.tensor(3.0), radius_min=1e-4, radius_max=1.0)
+    assert given[0, 1].item() == pytest.approx(0.05 / 3.0)
+
+
+def test_radius_correlation_statistics_match_numpy():
+    import numpy as np
+
+    from trl_bandpo.adaptive_radius import correlation, radius_statistics
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.rand(3, 5, generator=g) * 2
+    r = 0.05 * h + 0.01 * torch.rand(3, 5, generator=g)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    stats = radius_statistics(r, h, mask).tolist()
+    keep = mask.bool()
+    assert stats[0] == keep.sum().item() and stats[6] == r[keep].min().item() and stats[7] == r[keep].max().item()
+    want = np.corrcoef(r[keep].double().numpy(), h[keep].double().numpy())[0, 1]
+    assert correlation(stats) == pytest.approx(want, rel=1e-9)
+
+
+def test_adaptive_radius_settings_are_checked():
+    from trl_bandpo import BandPOConfig
+
+    base = dict(output_dir="unused", use_cpu=True, report_to="none")
+    for kwargs, field in (
+        (dict(band_radius_by="entropies"), "band_radius_by"),
+        (dict(band_radius_min=0.0), "band_radius_min"),
+        (dict(band_radius_max=float("inf")), "band_radius_max"),
+        (dict(band_radius_exponent=float("nan")), "band_radius_exponent"),
+        (dict(band_radius_min=0.2, band_radius_max=0.1), "band_radius_min"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            BandPOConfig(**base, **kwargs)
+    assert BandPOConfig(**base, band_radius_by="none").band_radius_by is None
+    with pytest.warns(UserWarning, match="band_radius_by"):
+        BandPOConfig(**base, policy_loss="dgpo", band_radius_by="entropy")
+
+
+@pytest.mark.parametrize("policy", ["band", "band_dgpo"])
+def test_adaptive_radius_in_training_uses_old_entropies_without_an_extra_forward(tiny_model_dir, tmp_path, policy):
+    """The old-log-prob pass returns entropies too (one call per generation, no extra), the bounds are solved once
+    per generation batch from per-token radii, and the logs show the radius distribution."""
+    from datasets import Dataset
+
+    from trl_bandpo import BandPOConfig, BandPOTrainer
+
+    calls = []
+
+    class CountingTrainer(BandPOTrainer):
+        def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+            calls.append(bool(kwargs.get("compute_entropy")))
+            return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+
+    dataset = Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)])
+    args = BandPOConfig(
+        output_dir=str(tmp_path), policy_loss=policy, band_radius_by="entropy", band_radius=0.05,
+        band_radius_min=0.01, band_radius_max=0.2, per_device_train_batch_size=8, num_generations=4,
+        gradient_accumulation_steps=2, num_iterations=2, max_completion_length=6, max_steps=4, learning_rate=0.1,
+        logging_steps=1, report_to="none", use_cpu=True, save_strategy="no", seed=0,
+    )  # fmt: skip
+    trainer = CountingTrainer(
+        model=tiny_model_dir, args=args, train_dataset=dataset,
+        reward_funcs=lambda completions, **kw: [sum(map(ord, c)) % 7 / 7 for c in completions],
+    )  # fmt: skip
+    trainer.train()
+    generations = 4 * 2 // (trainer.args.steps_per_generation * 2)  # optimizer steps x accumulation / reuse
+    micro_steps = 4 * 2
+    # one pass per generation (the old log-probs, asked for entropies too) + one per micro-step (the loss): no extra
+    assert len(calls) == generations + micro_steps
+    steps = [e for e in trainer.state.log_history if "loss" in e]
+    radius = [e for e in steps if "bounds/radius_mean" in e]
+    assert len(radius) == generations  # logged once per generation batch, from the old policy's entropies
+    assert any(e["bounds/radius_min"] < e["bounds/radius_max"] for e in radius)  # per-token, not one radius
+    for entry in radius:
+        assert 0.01 <= entry["bounds/radius_min"] <= entry["bounds/radius_mean"] <= entry["bounds/radius_max"] <= 0.2
+        assert -1.0 <= entry["bounds/radius_entropy_corr"] <= 1.0 or math.isnan(entry["bounds/radius_entropy_corr"])
+    assert all(math.isfinite(e["loss"]) for e in steps)
+
+
+def test_radius_fn_hook_replaces_the_entropy_rule(tiny_model_dir, tmp_path):
+    from datasets import Dataset
+
+    from trl_bandpo import BandPOConfig, BandPOTrainer
+
+    seen = []
+
+    def constant_radius(entropies, mask, delta):
+        seen.append((tuple(entropies.shape), delta))
+        return torch.full_like(entropies, 0.123)
+
+    dataset = Dataset.from_list([{"prompt": f"{a}+1="} for a in range(8)])
+    args = BandPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, gradient_accumulation_steps=2,
+        num_iterations=2, max_completion_length=4, max_steps=2, logging_steps=1, report_to="none", use_cpu=True,
+        save_strategy="no",
+    )  # fmt: skip
+    trainer = BandPOTrainer(model=tiny_model_dir, args=args, train_dataset=dataset,
+                            reward_funcs=lambda completions, **kw: [float(len(c)) for c in completions])  # fmt: skip
+    trainer.radius_fn = constant_radius
+    trainer.train()
+    assert seen and all(delta == 0.05 for _, delta in seen)
+    logged = [e["bounds/radius_mean"] for e in trainer.state.log_history if "bounds/radius_mean" in e]
+    assert logged and all(v == pytest.approx(0.123) for v in logged)

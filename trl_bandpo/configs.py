@@ -69,6 +69,19 @@ class PolicyLossConfig(GRPOConfig):
         aspo_c_neg (`float`, defaults to `3.0`):
             ASPO cap on the weight r of negative-advantage tokens.
 
+        > Adaptive per-token radius (an extension, docs/extensions.md)
+
+        band_radius_by (`str` or `None`, defaults to `None`):
+            `None`: one radius `band_radius` for every token. `"entropy"`: token t gets
+            `clip(band_radius * (H_t / H_mean) ** band_radius_exponent, band_radius_min, band_radius_max)`, `H_t` the
+            old policy's entropy at t and `H_mean` its mean over the generation batch.
+        band_radius_exponent (`float`, defaults to `1.0`):
+            Exponent alpha of the entropy ratio.
+        band_radius_min (`float`, defaults to `0.005`):
+            Smallest per-token radius.
+        band_radius_max (`float`, defaults to `0.5`):
+            Largest per-token radius.
+
         > Dynamic sampling (DAPO's group filter; an extension, docs/extensions.md)
 
         dynamic_sampling (`bool`, defaults to `False`):
@@ -97,6 +110,12 @@ class PolicyLossConfig(GRPOConfig):
     ce_gppo_beta2: float = field(default=1.0, metadata={"help": "CE-GPPO right-boundary weight scale."})
     aspo_c_pos: float = field(default=3.0, metadata={"help": "ASPO cap on 1/r for positive advantages."})
     aspo_c_neg: float = field(default=3.0, metadata={"help": "ASPO cap on r for negative advantages."})
+    band_radius_by: str | None = field(
+        default=None, metadata={"help": "Per-token Band radius: None (one radius for every token) or 'entropy'."}
+    )
+    band_radius_exponent: float = field(default=1.0, metadata={"help": "Exponent of H_t / H_mean in the radius."})
+    band_radius_min: float = field(default=0.005, metadata={"help": "Smallest per-token Band radius."})
+    band_radius_max: float = field(default=0.5, metadata={"help": "Largest per-token Band radius."})
     dynamic_sampling: bool = field(
         default=False, metadata={"help": "Drop zero-advantage prompt groups and refill the batch (DAPO)."}
     )
@@ -135,6 +154,31 @@ class PolicyLossConfig(GRPOConfig):
                 )
         self._warn_unused_fields(spec)
         self._check_dynamic_sampling()
+        self._check_adaptive_radius(spec)
+
+    def _check_adaptive_radius(self, spec):
+        if isinstance(self.band_radius_by, str) and self.band_radius_by.strip().lower() in ("none", "null"):
+            self.band_radius_by = None  # YAML / command-line spelling of None
+        if self.band_radius_by not in (None, "entropy"):
+            raise ValueError(f"band_radius_by must be None or 'entropy', got {self.band_radius_by!r}.")
+        for name, low in (("band_radius_exponent", None), ("band_radius_min", 0.0), ("band_radius_max", 0.0)):
+            value = getattr(self, name)
+            real = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not real or not math.isfinite(value) or (low is not None and value <= low):
+                allowed = "a finite number" if low is None else "a finite number > 0"
+                raise ValueError(f"{name} must be {allowed}, got {value!r}.")
+        if self.band_radius_min > self.band_radius_max:
+            raise ValueError(
+                f"band_radius_min ({self.band_radius_min!r}) must not exceed band_radius_max "
+                f"({self.band_radius_max!r})."
+            )
+        if self.band_radius_by is not None and "band_radius" not in spec.config_fields:
+            warnings.warn(
+                f"band_radius_by={self.band_radius_by!r} has no effect with policy_loss={self.policy_loss!r}, which "
+                "has no Band radius (use band, relaxed_band or band_dgpo).",
+                UserWarning,
+                stacklevel=3,
+            )
 
     def _check_dynamic_sampling(self):
         rounds = self.dynamic_sampling_max_rounds

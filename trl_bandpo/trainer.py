@@ -19,6 +19,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
+from .adaptive_radius import OLD_ENTROPIES_KEY, AdaptiveRadius
 from .checkpointing import GenerationBufferCheckpointing
 from .configs import TRL_PER_TOKEN_LOSS_TYPES, BandPOConfig, DGPOConfig, PolicyLossConfig
 from .count_metrics import CountMetrics
@@ -32,7 +33,7 @@ _BOUND_KEYS = ("policy_lower_bound", "policy_upper_bound")
 
 
 
-class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSampling, GRPOTrainer):
+class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSampling, AdaptiveRadius, GRPOTrainer):
     """GRPOTrainer whose per-token policy term is `args.policy_loss` (see [`PolicyLossConfig`]).
 
     Everything else is GRPOTrainer's: pass the same arguments (`model`, `reward_funcs`, `train_dataset`,
@@ -94,9 +95,11 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
 
     # -- the policy term -------------------------------------------------------------------------------------------
 
-    def _policy_bounds(self, old_per_token_logps: torch.Tensor):
-        """`(lower, upper)` of the selected loss for these old log-probs (floats for fixed bounds)."""
-        return self._policy.bounds(old_per_token_logps, **self._policy_bound_kwargs)
+    def _policy_bounds(self, old_per_token_logps: torch.Tensor, radius=None):
+        """`(lower, upper)` of the selected loss for these old log-probs (floats for fixed bounds); `radius`, when
+        given, replaces the configured Band radius (per-token radii of the adaptive radius)."""
+        kwargs = self._policy_bound_kwargs if radius is None else {**self._policy_bound_kwargs, "radius": radius}
+        return self._policy.bounds(old_per_token_logps, **kwargs)
 
     def _per_token_policy_loss(self, log_importance_weights, advantages, lower, upper) -> torch.Tensor:
         """The one place the policy term differs from GRPOTrainer's: the registered loss on TRL's tensors."""
@@ -106,9 +109,14 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
+        old_entropies = output.pop(OLD_ENTROPIES_KEY, None)
         old_logps = output.get("old_per_token_logps")
         if old_logps is not None and self.loss_type not in TRL_PER_TOKEN_LOSS_TYPES:
-            lower, upper = self._policy_bounds(old_logps)
+            radius = None
+            if old_entropies is not None and self._adaptive_radius_enabled():
+                mask = output["completion_mask"] * output.get("tool_mask", 1)
+                radius = self._generation_radius(old_entropies, mask)
+            lower, upper = self._policy_bounds(old_logps, radius)
             if torch.is_tensor(lower):  # per-token bounds travel with the batch through TRL's split and shuffle
                 output[_BOUND_KEYS[0]], output[_BOUND_KEYS[1]] = lower, upper
         return output
@@ -205,8 +213,9 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
         # they are per-token), in place of TRL's per-`loss_type` branches
         if _BOUND_KEYS[0] in inputs:
             lower, upper = inputs[_BOUND_KEYS[0]], inputs[_BOUND_KEYS[1]]
-        else:
-            lower, upper = self._policy_bounds(old_per_token_logps)
+        else:  # on-policy (every ratio is 1): the current entropies are the old policy's
+            radius = self._token_radius(entropies, mask) if self._adaptive_radius_enabled() else None
+            lower, upper = self._policy_bounds(old_per_token_logps, radius)
         per_token_loss = self._per_token_policy_loss(log_importance_weights, advantages, lower, upper)
 
         if self.off_policy_mask_threshold is not None:
