@@ -19,6 +19,9 @@ a call's budget is spent, the answers not yet verified score wrong (a warning sa
 timed out once is not verified again in that call against another gold.
 
 Nothing here executes model output: answers are only handed to `math_verify.parse` with the LaTeX extractor.
+
+`dapo_reward` (`DAPOReward`) is the other rule: the ``Answer: ...`` line compared as a normalised string, as verl's
+``math_dapo`` reward that the BandPO authors trained with (`trl_bandpo.dapo_scorer`); pure Python, no boxes.
 """
 
 from __future__ import annotations
@@ -38,15 +41,18 @@ from .answers import (
     gold_alternatives,
     is_admissible,
 )
+from .dapo_scorer import score_dapo_completions
 from .verifier import DEFAULT_NUM_WORKERS, verify_pairs
 
 __all__ = [
     "MAX_ANSWER_CHARS",
     "MAX_BRACE_DEPTH",
+    "DAPOReward",
     "MathVerifyReward",
     "boxed_accuracy_reward",
     "boxed_signed_reward",
     "completion_text",
+    "dapo_reward",
     "default_call_timeout",
     "extract_boxed_answer",
     "is_equivalent",
@@ -249,3 +255,40 @@ def math_verify_reward(
 
 boxed_accuracy_reward = math_verify_reward(correct=1.0, wrong=0.0, name="boxed_accuracy_reward")
 boxed_signed_reward = math_verify_reward(correct=1.0, wrong=-1.0, name="boxed_signed_reward")
+
+
+class DAPOReward:
+    """A TRL reward function scoring the ``Answer: ...`` line as verl's ``math_dapo`` does (`trl_bandpo.dapo_scorer`).
+
+    Call as ``reward(completions, solution, **kwargs) -> list[float]`` (N completions, strings or conversations, and
+    N gold answers); extra keyword arguments are ignored. `correct` when the normalised answer equals the normalised
+    gold answer, else `wrong` (a missing ``Answer:`` line is wrong). Pure Python: no worker processes, no timeouts
+    needed. Instances are picklable; ``__name__`` names the logged metric.
+    """
+
+    def __init__(self, correct: float = 1.0, wrong: float = -1.0, name: str = "dapo_reward") -> None:
+        for arg, value in (("correct", correct), ("wrong", wrong)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{arg} must be a finite number, got {value!r}")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"name must be a Python identifier (it names the logged metric), got {name!r}")
+        self.correct = float(correct)
+        self.wrong = float(wrong)
+        self.__name__ = name
+        self.__qualname__ = name
+
+    def __call__(
+        self, completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[float]:
+        if solution is None:
+            raise ValueError(f"{self.__name__} needs the gold answers: a `solution` column or solution=[...]")
+        if isinstance(solution, (str, bytes)):
+            raise ValueError("solution must be a list with one gold answer per completion, got a single string")
+        flags = score_dapo_completions(completions, solution)
+        return [self.correct if flag else self.wrong for flag in flags]
+
+    def __repr__(self) -> str:
+        return f"DAPOReward(correct={self.correct}, wrong={self.wrong}, name={self.__name__!r})"
+
+
+dapo_reward = DAPOReward()

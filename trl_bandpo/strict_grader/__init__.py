@@ -1,0 +1,182 @@
+r"""A conservative answer checker for evaluation, to the rules of verl's ``prime_math`` grader.
+
+The DGPO paper (§5.1) reports accuracy with verl's ``prime_math`` checker
+(``verl.utils.reward_score.prime_math``), not with the training reward. This package applies the same rules,
+written anew: `strict_score` grades a completion's last ``\boxed{}`` answer, `grade_answer` an extracted answer.
+
+**Extraction** (`extract_answer`): the argument of the last ``\boxed{..}``/``\fbox{..}``
+(`trl_bandpo.answers.extract_boxed_answer`), stripped; then, as ``prime_math.match_answer`` does with a box, the
+text before its last ``". "`` is kept, and for each marker ``"be "``, ``"is "``, ``"are "``, ``"="``, ``": "``,
+``"get "`` (and their forms with a newline), in that order, the text after its last (case-insensitive) occurrence
+(``\boxed{x = 5}`` -> ``5``). No box, or an empty one: no answer, wrong.
+
+**Verdict** (`grade_answer`), as ``prime_math.compute_score`` decides after extraction:
+
+1. PRM800K's check (``prime_math.grade_answer``): the two answers are equal when their Hendrycks MATH normal forms
+   are equal (``\dfrac``, ``\left``/``\right``, degrees, ``\$``, ``\%``, a unit after ``\text{ ``, ``.5`` ->
+   ``0.5``, a short ``k =`` prefix, ``\sqrt3``, ``\frac12``, spaces, ``0.5`` -> ``\frac{1}{2}``, ``3/4`` ->
+   ``\frac{3}{4}``), or their PRM800K normal forms are equal (``\text{..}``, ``$``, ``%``, ``or``/``and`` as commas,
+   ``million`` -> ``*10^6``, unit words such as ``cm``/``hours``/``feet``, degrees, one pair of outer braces, an
+   integer-valued float written as an integer, LaTeX as plain text, mixed numbers ``7 3/4`` -> ``7+3/4``, lower
+   case, thousands separators of integers). Otherwise both are split into elements when they are a tuple or
+   interval (same brackets and number of elements required), and each pair of elements must be: two fractions
+   written identically (unreduced fractions are not accepted), or both integers or both not, and then equal for
+   sympy (``simplify((gold) - (given)) == 0``), which is only tried when the expression has at most two distinct
+   letters and no ``^{``, ``^(`` or exponent of two digits or more.
+2. Otherwise, ToRA's ``math_equal`` (``prime_math.grader``), tried with pi = 3.14159... and with pi = 3.14 when
+   either side contains ``\pi``: ``$5`` -> ``5``, ``50%`` -> ``50``, a base subscript dropped (``1010_2`` ->
+   ``1010``, not converted; an answer whose text before ``_`` is no number is wrong), ``\pi`` replaced by the
+   number and the result evaluated when it is plain arithmetic; then equal strings (ignoring case, or ignoring
+   spaces); numbers equal within a relative tolerance of 1e-4 to the reference, the reference divided by 100 or
+   the reference times 100 (so ``0.5`` matches ``50``, and ``6.28`` matches ``2\pi`` with pi = 3.14); equal
+   strings once brackets, braces and parentheses are dropped (``[1,2]`` and ``1,2``; an open and a closed
+   interval stay different); tuples and intervals with the same brackets compared element by element;
+   comma-separated lists compared element by element (in order); a printed sympy ``Point(..)`` or ``Matrix(..)``
+   against a tuple or a ``pmatrix``.
+
+Rules of ``prime_math`` that never accept anything in verl, which we therefore leave out: ToRA's last step,
+``symbolic_equal`` (sympy equality of the two answers), enters verl's ``timeout_limit`` as a context manager;
+``timeout_limit`` is a decorator factory, so each of those ``with`` statements raises TypeError, which the step
+catches, and the step returns False. (Its LaTeX parser, sympy's ``parse_latex``, would also need antlr4 4.11; the
+BandPO authors' environment pins 4.9.3.) A Python list against a ``pmatrix``, which ``prime_math`` hands to
+``eval``, is evaluated here only when it is plain arithmetic; anything else is wrong, as when ``eval`` fails.
+
+**Safety and time.** Model output is never executed: where ``prime_math`` calls sympy's ``parse_expr`` or Python's
+``eval``, we parse with Python's `ast` and build the value from a whitelist (numbers, ``pi``, ``oo``, ``E``,
+``I``, ``sqrt``, ``log``/``ln``, ``exp``, ``re``, ``im``, ``sin``, ``cos``, ``tan``, ``Abs``, factorials, symbols,
+arithmetic). The string stages run in the calling process; the rest runs in a worker process (`_pool`) that is
+killed when the answer takes longer than ``timeout_s`` (wall clock, from any thread), and the answer is then wrong.
+On systems without POSIX pipes it runs in-process without a time bound.
+
+**Where we may differ from ``prime_math``:**
+
+* Extraction: ``prime_math`` first cuts the completion after its last ``answer:``/``answer is``/``answers are``
+  and before ``is the answer`` (and similar), then looks for a box, and without one grades the remaining text; we
+  always grade the last box and score a completion without a box wrong. We take ``\boxed 5`` (no braces) as
+  ``5``, and a later ``\fbox`` over an earlier ``\boxed``.
+* LaTeX to text: ``prime_math`` uses ``pylatexenc`` 2.10; we reproduce its output for the commands answers use
+  (`_normalize.latex_to_text`) but not for malformed LaTeX (a ``\frac`` or ``\sqrt`` that is itself an argument,
+  unbalanced braces, ``\\[``), where either text may fail to parse or compare differently.
+* sympy parsing: our reader follows sympy's ``parse_expr`` with ``implicit_multiplication_application`` on what
+  answers contain (``2x``, ``x(1)``, ``sqrt 2``, ``xy``, ``ln2`` -> ``l*n*2``, ``5!``), but names sympy knows other
+  than the whitelist (``gamma``, ``S``, ``li``, ...) make the comparison fail instead of being used, and unusual
+  inputs (``sqrt 2x``, hexadecimal, ``0.[3]``) may be read differently. Results may also differ with the sympy
+  version (``simplify`` changes between releases; the BandPO authors used sympy 1.13.1).
+* Time: ``prime_math`` gives each sympy comparison 10 s; we give the whole answer ``timeout_s`` (10 s by default).
+  Both bounds only matter for answers that make sympy slow.
+* Version: we follow verl's ``prime_math``. The BandPO authors' copy writes the ``pmatrix`` test with ``"\b"`` (a
+  backspace character), so the matrix cases never fire there; elsewhere the two copies agree.
+* Errors: where ``prime_math`` would raise (an exception in PRM800K's check propagates out of ``compute_score``),
+  the answer is wrong here. Answers or gold answers longer than `MAX_CHARS` characters are wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ..answers import completion_text, extract_boxed_answer, gold_alternatives
+from ._grade import grade, quick_match
+from ._pool import WORKER_START_TIMEOUT_S, run_grade, shutdown
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "MAX_CHARS",
+    "WORKER_START_TIMEOUT_S",
+    "extract_answer",
+    "grade_answer",
+    "shutdown",
+    "strict_score",
+    "strict_scores",
+]
+
+DEFAULT_TIMEOUT_S = 10.0  # prime_math's limit for one sympy comparison
+MAX_CHARS = 10_000  # longer answers (or gold answers) are wrong without any work
+_MARKERS = ("be ", "is ", "are ", "=", ": ", "get ", "be\n", "is\n", "are\n", ":\n", "get\n")
+
+
+def _check_timeout(timeout_s: Any) -> float:
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+        raise ValueError(f"timeout_s must be a positive finite number of seconds, got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def extract_answer(completion: Any) -> str | None:
+    r"""The answer ``prime_math`` grades from a completion's last box (see the module), or None without one.
+
+    Example: ``extract_answer(r"... so \boxed{x = 5}.")`` is ``"5"``.
+    """
+    boxed = extract_boxed_answer(completion_text(completion))
+    answer = boxed.strip() if boxed is not None else ""
+    if not answer:
+        return None
+    if ". " in answer:
+        answer = answer[: answer.lower().rfind(". ")].strip()
+    for marker in _MARKERS:
+        index = answer.lower().rfind(marker)
+        if index != -1:
+            answer = answer[index + len(marker) :].strip()
+    return answer
+
+
+def grade_answer(given: Any, gold: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    r"""Whether the extracted answer `given` equals `gold` under ``prime_math``'s rules (see the module).
+
+    Args:
+        given: the model's answer, e.g. the inside of its box (``r"\frac{1}{2}"``); None is wrong.
+        gold: the reference answer (converted with ``str`` when it is not a string, as ``prime_math`` does).
+        timeout_s: wall-clock limit for the stages after the string comparison (default `DEFAULT_TIMEOUT_S`), run in
+            a worker process; a slower answer is wrong.
+
+    Returns:
+        The verdict. Never raises on bad answers; raises ValueError for a bad `timeout_s`, and RuntimeError if no
+        worker process can start (e.g. sympy is missing).
+    """
+    timeout_s = _check_timeout(timeout_s)
+    if given is None or gold is None:
+        return False
+    given, gold = str(given), str(gold)
+    if len(given) > MAX_CHARS or len(gold) > MAX_CHARS:
+        return False
+    try:
+        if quick_match(given, gold):
+            return True
+    except Exception:  # noqa: BLE001 - a malformed answer is a wrong answer
+        return False
+    if os.name != "posix":
+        return grade(given, gold)
+    return run_grade(given, gold, timeout_s)
+
+
+def _gold_strings(gold: Any) -> list[str]:
+    if isinstance(gold, str):
+        return [gold]
+    if isinstance(gold, (list, tuple)):
+        return [text for item in gold for text in _gold_strings(item)]
+    return gold_alternatives(gold)  # numbers written out; None, booleans and other types give nothing
+
+
+def strict_score(completion: Any, gold: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    r"""Whether a completion's last boxed answer is correct under ``prime_math``'s rules.
+
+    Args:
+        completion: the model's output, a string or a conversation (see `trl_bandpo.answers.completion_text`).
+        gold: the reference answer: a string, a number, or a list of acceptable alternatives.
+        timeout_s: wall-clock limit per comparison (see `grade_answer`).
+    """
+    timeout_s = _check_timeout(timeout_s)
+    answer = extract_answer(completion)
+    if answer is None:
+        return False
+    return any(grade_answer(answer, text, timeout_s) for text in _gold_strings(gold))
+
+
+def strict_scores(
+    completions: Sequence[Any], golds: Sequence[Any], timeout_s: float = DEFAULT_TIMEOUT_S
+) -> list[bool]:
+    """`strict_score` of each (completion, gold) pair; the two sequences must have the same length."""
+    if len(completions) != len(golds):
+        raise ValueError(f"completions and golds must have the same length, got {len(completions)} and {len(golds)}")
+    return [strict_score(completion, gold, timeout_s) for completion, gold in zip(completions, golds)]

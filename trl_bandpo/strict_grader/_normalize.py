@@ -1,0 +1,330 @@
+r"""String normalisations of verl's ``prime_math`` grader (pure Python, no sympy): see `trl_bandpo.strict_grader`.
+
+* `mathd_normalize`: the Hendrycks MATH normalisation (``prime_math.math_normalize``): ``\dfrac`` -> ``\frac``,
+  ``\left``/``\right``, degrees, ``\$``, ``\%``, units after ``\text{ ``, leading ``0`` of decimals, a short
+  ``k =`` prefix, ``\sqrt3`` / ``\frac12`` shorthand, spaces, ``0.5`` -> ``\frac{1}{2}``, ``a/b`` of integers.
+* `prm_normalize`: the PRM800K normalisation (``prime_math._normalize``): ``\text{..}``, ``$``, ``%``, ``or``/``and``,
+  ``million``..., unit words, degrees, one pair of outer braces, ``,\!``, integer-valued floats, LaTeX to plain
+  text (`latex_to_text`), ``- `` and mixed numbers, lower case, thousands separators of integers.
+* `latex_to_text`: our stand-in for ``pylatexenc``'s ``LatexNodes2Text`` (version 2.10), which ``prime_math`` uses
+  and this package does not depend on. It reproduces pylatexenc's output for what answers contain: ``\frac``
+  (``a/b``, no parentheses), ``\sqrt`` (``√(x)``, the degree dropped), Greek letters, ``\infty``, ``\cup``,
+  ``\cdot``, ``\times``, relations and arrows (as Unicode symbols), ``\text``-like and font macros (their
+  argument), accents (a combining mark), spacing macros, ``\{``/``\}``/``\%``/``\$``, ``\\``, and the rule that an
+  unknown macro vanishes (its braced argument stays, as a group) and takes the spaces after it.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# --- Hendrycks MATH normalisation (prime_math.math_normalize) ---
+
+_TEXT_ONLY = re.compile(r"^\\text\{(?P<text>.+?)\}$")
+
+
+def mathd_normalize(answer: str | None) -> str | None:
+    """``math_normalize.normalize_answer``: on any error inside, the stripped (and ``\\text``-unwrapped) answer."""
+    if answer is None:
+        return None
+    answer = answer.strip()
+    try:
+        match = _TEXT_ONLY.search(answer)
+        if match is not None:
+            answer = match.group("text").strip()
+        return _strip_string(answer)
+    except (IndexError, ValueError):
+        return answer
+
+
+_MATHD_REPLACEMENTS = (("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"),
+                       ("\\left", ""), ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", ""))  # fmt: skip
+
+
+def _strip_string(text: str) -> str:
+    for before, after in _MATHD_REPLACEMENTS:
+        text = text.replace(before, after)
+    if "\\text{ " in text:  # units on the right
+        parts = text.split("\\text{ ")
+        if len(parts) != 2:
+            raise ValueError("more than one unit")
+        text = parts[0]
+    text = text.replace("\\\\%", "").replace("\\%", "")
+    text = text.replace(" .", " 0.").replace("{.", "{0.")
+    if not text:
+        return text
+    if text[0] == ".":
+        text = "0" + text
+    sides = text.split("=")
+    if len(sides) == 2 and len(sides[0]) <= 2:  # "k = 5" -> "5"
+        text = sides[1]
+    text = _fix_sqrt(text).replace(" ", "")
+    text = _fix_fracs(text)
+    if text == "0.5":
+        text = "\\frac{1}{2}"
+    return _fix_a_slash_b(text)
+
+
+def _fix_sqrt(text: str) -> str:
+    head, *rest = text.split("\\sqrt")
+    out = head
+    for part in rest:  # an empty part (\sqrt at the end) raises IndexError: the answer stays as it was
+        out += "\\sqrt" + part if part[0] == "{" else "\\sqrt{" + part[0] + "}" + part[1:]
+    return out
+
+
+def _fix_fracs(text: str) -> str:
+    head, *rest = text.split("\\frac")
+    out = head
+    for part in rest:
+        out += "\\frac"
+        if part[0] == "{":  # IndexError on an empty part, as in the source
+            out += part
+        elif len(part) < 2:
+            return text
+        elif part[1] != "{":
+            out += "{" + part[0] + "}{" + part[1] + "}" + part[2:]
+        else:
+            out += "{" + part[0] + "}" + part[1:]
+    return out
+
+
+def _fix_a_slash_b(text: str) -> str:
+    parts = text.split("/")
+    if len(parts) != 2:
+        return text
+    try:
+        a, b = int(parts[0]), int(parts[1])
+    except ValueError:
+        return text
+    return f"\\frac{{{a}}}{{{b}}}" if text == f"{a}/{b}" else text
+
+
+# --- PRM800K normalisation (prime_math._normalize) ---
+
+_UNITS = ("degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day", "week", "month", "year",
+          "foot", "feet", "inch", "yard", "liter")  # fmt: skip
+_UNIT_PATTERNS = tuple(re.compile(unit + r"(es)?(s)? *(\^[0-9]+)?") for unit in _UNITS)
+_FORMATTED_COMMA = re.compile(r"(\d),(\d\d\d)($|\D)")
+
+
+def is_float(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def is_int(value: float) -> bool:
+    try:
+        return abs(value - int(round(value))) <= 1e-7
+    except (OverflowError, ValueError):
+        return False
+
+
+def strip_formatted_commas(text: str) -> str:
+    """Remove thousands separators (a comma followed by exactly three digits), until nothing changes."""
+    while True:
+        changed = _FORMATTED_COMMA.sub(r"\1\2\3", text)
+        if changed == text:
+            return text
+        text = changed
+
+
+def str_is_int(text: str) -> bool:
+    try:
+        return is_int(float(strip_formatted_commas(text)))
+    except ValueError:
+        return False
+
+
+def is_frac(text: str) -> bool:
+    return re.search(r"^-?[0-9]+.?/0*[1-9][0-9]*.?$", text) is not None
+
+
+def prm_normalize(expr: str | None) -> str | None:
+    """``prime_math._normalize`` (the PRM800K grader's normalisation)."""
+    if expr is None:
+        return None
+    match = _TEXT_ONLY.search(expr)
+    if match is not None:
+        expr = match.group("text")
+    for before, after in (("\\%", "%"), ("\\$", "$"), ("$", ""), ("%", ""), (" or ", " , "), (" and ", " , "),
+                          ("million", "*10^6"), ("billion", "*10^9"), ("trillion", "*10^12")):  # fmt: skip
+        expr = expr.replace(before, after)
+    for pattern in _UNIT_PATTERNS:
+        expr = pattern.sub("", expr)
+    expr = re.sub(r"\^ *\\circ", "", expr)
+    if expr and expr[0] == "{" and expr[-1] == "}":
+        expr = expr[1:-1]
+    expr = re.sub(r",\\! *", "", expr)
+    if is_float(expr) and is_int(float(expr)):
+        expr = str(int(round(float(expr))))
+    if "\\" in expr:
+        try:
+            expr = _latex_answer_to_text(expr)
+        except (ValueError, RecursionError):
+            pass  # prime_math ignores any error of this step
+    expr = re.sub(r"- *", "-", expr)
+    expr = re.sub(r"([0-9]) +([0-9])", r"\1+\2", expr)  # a mixed number: "7 3/4" -> "7+3/4"
+    expr = expr.lower()
+    if str_is_int(expr):
+        expr = str(int(float(expr.replace(",", ""))))
+    return expr
+
+
+def _latex_answer_to_text(expr: str) -> str:
+    """``prime_math._parse_latex``: ``\\frac`` spaced out for mixed numbers, then text, then Unicode to ASCII."""
+    expr = expr.replace("\\tfrac", "\\frac").replace("\\dfrac", "\\frac").replace("\\frac", " \\frac")
+    expr = latex_to_text(expr)
+    for before, after in (("√", "sqrt"), ("π", "pi"), ("∞", "inf"), ("∪", "U"), ("·", "*"), ("×", "*")):
+        expr = expr.replace(before, after)
+    return expr.strip()
+
+
+# --- LaTeX to text (what pylatexenc 2.10 writes for answer-like LaTeX) ---
+
+_SYMBOLS = {
+    "infty": "∞", "cup": "∪", "cap": "∩", "cdot": "·", "times": "×", "div": "÷", "pm": "±", "mp": "∓", "le": "≤",
+    "leq": "≤", "ge": "≥", "geq": "≥", "neq": "≠", "approx": "≈", "sim": "∼", "simeq": "≃", "equiv": "≡",
+    "cong": "≅", "propto": "∝", "in": "∈", "notin": "∉", "subset": "⊂", "subseteq": "⊆", "supset": "⊃",
+    "supseteq": "⊇", "setminus": "∖", "emptyset": "∅", "varnothing": "∅", "circ": "∘", "ldots": "…", "dots": "…",
+    "cdots": "⋯", "vdots": "⋮", "ddots": "⋱", "perp": "⊥", "parallel": "∥", "mid": "|", "vert": "|", "lvert": "|",
+    "rvert": "|", "Vert": "‖", "langle": "⟨", "rangle": "⟩", "lfloor": "⌊", "rfloor": "⌋", "lceil": "⌈",
+    "rceil": "⌉", "to": "→", "rightarrow": "→", "leftarrow": "←", "Rightarrow": "⇒", "Leftrightarrow": "⇔",
+    "leftrightarrow": "↔", "mapsto": "↦", "prime": "'", "angle": "∠", "square": "□", "therefore": "∴",
+    "forall": "∀", "exists": "∃", "partial": "∂", "nabla": "∇", "sum": "∑", "prod": "∏", "int": "∫", "wedge": "∧",
+    "vee": "∨", "oplus": "⊕", "otimes": "⊗", "ast": "∗", "star": "⋆", "bullet": "∙", "ell": "ℓ", "hbar": "ħ",
+    "aleph": "ℵ", "backslash": "\\", "textbackslash": "\\", "lbrace": "{", "rbrace": "}", "ll": "≪", "gg": "≫",
+    "quad": "  ", "qquad": "    ",
+    **{name: name for name in ("sin", "cos", "tan", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "ln",
+                               "log", "exp", "max", "min", "sup", "inf", "lim")},
+}  # fmt: skip
+_CONTROL_SYMBOLS = {",": " ", ";": " ", ":": " ", " ": " ", "!": "", "{": "{", "}": "}", "%": "%", "$": "$",
+                    "&": "&", "#": "#", "_": "_", "\\": "\n"}  # fmt: skip
+_ACCENTS = {"hat": "\u0302", "bar": "\u0305", "tilde": "\u0303", "dot": "\u0307", "ddot": "\u0308", "vec": "\u20d7"}
+_FRACTIONS = ("frac", "nicefrac", "textfrac")
+# Macros whose argument is written as it is (None) or in a Unicode mathematical alphabet.
+_FONTS = dict.fromkeys(("text", "textrm", "textit", "textbf", "textsc", "textsl", "emph", "mathrm")) | {
+    "mathbf": "BOLD", "mathit": "ITALIC", "mathsf": "SANS-SERIF", "mathbb": "DOUBLE-STRUCK", "mathtt": "MONOSPACE",
+    "mathcal": "SCRIPT", "mathscr": "SCRIPT", "mathfrak": "FRAKTUR",
+}  # fmt: skip
+_LETTERLIKE = {
+    **{("DOUBLE-STRUCK", c): u for c, u in zip("CHNPQRZ", "ℂℍℕℙℚℝℤ")},
+    **{("SCRIPT", c): u for c, u in zip("BEFHILMRego", "ℬℰℱℋℐℒℳℛℯℊℴ")},
+    **{("FRAKTUR", c): u for c, u in zip("CHIRZ", "ℭℌℑℜℨ")},
+    ("ITALIC", "h"): "ℎ",
+}
+_SWALLOWED = ("mbox", "texttt", "hspace", "vspace")  # their argument is dropped too
+_GREEK_VARIANTS = {"epsilon": "ϵ", "varepsilon": "ε", "phi": "ϕ", "varphi": "φ", "vartheta": "ϑ", "varpi": "ϖ",
+                   "varrho": "ϱ", "varsigma": "ς", "varkappa": "ϰ", "digamma": "ϝ", "lambda": "λ", "Lambda": "Λ"}
+_CONTROL_WORD = re.compile(r"\\([A-Za-z]+)\s*")  # a macro name takes the spaces after it
+
+
+def _greek(name: str) -> str | None:
+    if name in _GREEK_VARIANTS:
+        return _GREEK_VARIANTS[name]
+    try:
+        return unicodedata.lookup(f"GREEK {'CAPITAL' if name[:1].isupper() else 'SMALL'} LETTER {name.upper()}")
+    except KeyError:
+        return None
+
+
+def latex_to_text(latex: str) -> str:
+    r"""Plain text of LaTeX, as pylatexenc's ``LatexNodes2Text().latex_to_text`` writes it (see the module).
+
+    Raises ValueError where pylatexenc fails (a ``\frac``/``\sqrt``/accent missing its argument).
+    """
+    text, _ = _render(latex, 0, closing=False)
+    return text
+
+
+def _render(src: str, pos: int, closing: bool) -> tuple[str, int]:
+    """Text of `src` from `pos` up to the matching ``}`` (when `closing`) or the end; and the position after it."""
+    out: list[str] = []
+    n = len(src)
+    while pos < n:
+        char = src[pos]
+        if char == "}":
+            if closing:
+                return "".join(out), pos + 1
+            pos += 1  # an unmatched closing brace vanishes
+        elif char == "{":
+            inner, pos = _render(src, pos + 1, closing=True)
+            out.append(inner)
+        elif char == "\\":
+            piece, pos = _macro(src, pos)
+            out.append(piece)
+        elif char == "%":  # a comment, up to the end of the line
+            end = src.find("\n", pos)
+            pos = n if end < 0 else end + 1
+        elif src.startswith("--", pos):  # TeX ligatures: -- and --- are dashes
+            dashes = 3 if src.startswith("---", pos) else 2
+            out.append("—" if dashes == 3 else "–")
+            pos += dashes
+        else:
+            out.append({"$": "", "~": "\xa0", "&": "   "}.get(char, char))
+            pos += 1
+    return "".join(out), pos
+
+
+def _macro(src: str, pos: int, bare: bool = False) -> tuple[str, int]:
+    """Text of the macro at `pos` and the position after it; a `bare` macro (itself an argument) takes no arguments."""
+    match = _CONTROL_WORD.match(src, pos)
+    if match is None:  # a control symbol: \, \{ \\ ...
+        symbol = src[pos + 1 : pos + 2]
+        return _CONTROL_SYMBOLS.get(symbol, ""), pos + 2
+    name, end = match.group(1), match.end()
+    if name in _FRACTIONS:
+        numerator, after = (None, end) if bare else _argument(src, end)
+        denominator, after = (None, after) if numerator is None else _argument(src, after)
+        if denominator is None:  # pylatexenc writes its format string and leaves the rest alone
+            return "%s/%s", end
+        return f"{numerator}/{denominator}", after
+    if name == "sqrt":
+        if not bare and src.startswith("[", end):  # the degree is dropped
+            close = src.find("]", end)
+            end = len(src) if close < 0 else close + 1
+        radicand, end = (None, end) if bare else _argument(src, end)
+        if radicand is None:
+            raise ValueError("\\sqrt without its argument")
+        return f"√({radicand})", end
+    if name in _ACCENTS or name in _FONTS or name in _SWALLOWED:
+        argument, end = ("", end) if bare else _argument(src, end)
+        if name in _ACCENTS:
+            return unicodedata.normalize("NFC", "".join(c + _ACCENTS[name] for c in (argument or " "))), end
+        return ("" if name in _SWALLOWED else _font(argument or "", _FONTS[name])), end
+    if name in _SYMBOLS:
+        return _SYMBOLS[name], end
+    return _greek(name) or "", end  # an unknown macro vanishes; a braced group after it is rendered as a group
+
+
+def _argument(src: str, pos: int) -> tuple[str | None, int]:
+    """Text of the macro argument at `pos` (a group, a bare macro or one character); None at the end of `src`."""
+    while pos < len(src) and src[pos].isspace():
+        pos += 1
+    if pos >= len(src):
+        return None, pos
+    if src[pos] == "{":
+        return _render(src, pos + 1, closing=True)
+    if src[pos] == "\\":
+        return _macro(src, pos, bare=True)
+    return src[pos], pos + 1
+
+
+def _font(text: str, style: str | None) -> str:
+    """ASCII letters of `text` in a Unicode mathematical alphabet (``\\mathbb{R}`` -> ``ℝ``), as pylatexenc writes."""
+    if style is None:
+        return text
+    out = []
+    for char in text:
+        if char.isascii() and char.isalpha():
+            case = "CAPITAL" if char.isupper() else "SMALL"
+            try:
+                char = unicodedata.lookup(f"MATHEMATICAL {style} {case} {char.upper()}")
+            except KeyError:  # the letters Unicode had before (the Letterlike Symbols block)
+                char = _LETTERLIKE.get((style, char), char)
+        out.append(char)
+    return "".join(out)
