@@ -318,8 +318,14 @@ def test_script_arguments_fields_and_their_checks():
         ScriptArguments(dataset_name=["d"], prompt_template="dapo", instruction="Box it.")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ScriptArguments(dataset_name=["d"], prompt_template="dapo")  # the default instruction: nothing to say
-        ScriptArguments(dataset_name=["d"], prompt_template="dapo", instruction="none")
+        # the default instruction: nothing to say
+        ScriptArguments(dataset_name=["d"], prompt_template="dapo", reward="dapo")
+        ScriptArguments(dataset_name=["d"], prompt_template="dapo", instruction="none", reward="dapo")
+    # the DAPO prompt asks for an "Answer:" line, the boxed rewards read \boxed{}: a mismatch warns
+    with pytest.warns(UserWarning, match="reward='signed' with prompt_template='dapo'"):
+        ScriptArguments(dataset_name=["d"], prompt_template="dapo")
+    with pytest.warns(UserWarning, match="reward='dapo' with prompt_template='boxed'"):
+        ScriptArguments(dataset_name=["d"], reward="dapo")
 
 
 def test_recipe_and_command_line_set_the_fields(tmp_path):

@@ -42,6 +42,7 @@ __all__ = [
 REWARDS = {
     "signed": (1.0, -1.0, "boxed_signed_reward"),
     "accuracy": (1.0, 0.0, "boxed_accuracy_reward"),
+    "dapo": (1.0, -1.0, "dapo_reward"),
 }
 _NONE_STRINGS = ("none", "null", "")
 _CPU_HINT = (
@@ -86,9 +87,10 @@ class ScriptArguments:
         max_eval_samples (`int`, *optional*):
             Keep at most this many problems per benchmark.
         reward (`str`, defaults to `"signed"`):
-            `"signed"`: +1 correct / -1 otherwise (DGPO, and the verl DAPO-math scorer the BandPO authors used);
-            `"accuracy"`: 1 / 0. With the group-normalised advantage (`scale_rewards="group"`) both give the same
-            advantages; they differ for `scale_rewards="none"` and in the logged reward.
+            `"signed"`: +1 / -1 from math-verify on the last `\boxed{}` (DGPO); `"accuracy"`: the same as 1 / 0;
+            `"dapo"`: +1 / -1 from the "Answer:" line compared as verl's `math_dapo` does (the BandPO authors'
+            training reward, `trl_bandpo.rewards.dapo_reward`; use it with `prompt_template: dapo`). With the
+            group-normalised advantage (`scale_rewards="group"`) signed and accuracy give the same advantages.
         reward_timeout (`float`, defaults to `5.0`):
             Wall-clock seconds allowed to `math_verify` per answer; an answer that takes longer scores wrong.
         reward_num_workers (`int`, *optional*):
@@ -123,7 +125,11 @@ class ScriptArguments:
     max_eval_samples: int | None = field(default=None, metadata={"help": "At most this many problems per benchmark."})
     reward: str = field(
         default="signed",
-        metadata={"help": "Reward: 'signed' (+1/-1, DGPO) or 'accuracy' (1/0).", "choices": list(REWARDS)},
+        metadata={
+            "help": "Reward: 'signed' (+1/-1 boxed, DGPO), 'accuracy' (1/0 boxed) or 'dapo' (+1/-1 'Answer:' line, "
+            "BandPO).",
+            "choices": list(REWARDS),
+        },
     )
     reward_timeout: float = field(default=5.0, metadata={"help": "Seconds allowed to math_verify per answer."})
     reward_num_workers: int | None = field(default=None, metadata={"help": "Verifier processes per process."})
@@ -147,7 +153,7 @@ class ScriptArguments:
         self.eval_dataset_name = _split_names(self.eval_dataset_name)
         if isinstance(self.instruction, str) and self.instruction.strip().lower() in _NONE_STRINGS:
             self.instruction = None
-        check_prompt_fields(self.prompt_template, self.instruction)
+        check_prompt_fields(self.prompt_template, self.instruction, self.reward)
         if not isinstance(self.reward, str) or self.reward not in REWARDS:
             raise ValueError(f"reward must be one of {list(REWARDS)}, got {self.reward!r}.")
         if isinstance(self.reward_timeout, bool) or not isinstance(self.reward_timeout, (int, float)):

@@ -184,12 +184,14 @@ def check_namespace(namespace: argparse.Namespace, remaining: Sequence[str], giv
         namespace.resume_from_checkpoint = resume.strip().lower() == "true"
 
 
-def check_prompt_fields(prompt_template, instruction) -> None:
+def check_prompt_fields(prompt_template, instruction, reward=None) -> None:
     """Check `prompt_template` against `trl_bandpo.data.PROMPT_TEMPLATES`; warn when `"dapo"` meets an `instruction`.
 
     Args:
         prompt_template: the `ScriptArguments.prompt_template` value.
         instruction: the `ScriptArguments.instruction` value (None when unset with `none`/`null`).
+        reward: the `ScriptArguments.reward` value: `"dapo"` (reads the "Answer:" line) and the DAPO template go
+            together; a mismatch warns, since every answer would score wrong.
 
     Raises:
         ValueError: `prompt_template` is no registered template (the message names the field, the value and the
@@ -201,6 +203,14 @@ def check_prompt_fields(prompt_template, instruction) -> None:
         warnings.warn(
             f"prompt_template='dapo' ignores instruction={instruction!r}: DAPO's template carries its own "
             "instruction. Remove `instruction`, or set `prompt_template: boxed` to use it.",
+            UserWarning,
+            stacklevel=3,
+        )
+    if reward is not None and (reward == "dapo") != (prompt_template == "dapo"):
+        warnings.warn(
+            f"reward={reward!r} with prompt_template={prompt_template!r}: the 'dapo' reward reads the 'Answer:' line "
+            "that DAPO's template asks for, the other rewards the last \\boxed{}; a prompt asking for the other "
+            "format scores every answer wrong. Use 'dapo' for both, or for neither.",
             UserWarning,
             stacklevel=3,
         )

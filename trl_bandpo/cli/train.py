@@ -54,10 +54,12 @@ def trainer_class_for(policy_loss: str):
 
 
 def build_reward(script_args: ScriptArguments):
-    """The `math_verify` reward on the last ``\\boxed{}`` answer chosen by `script_args.reward`."""
-    from ..rewards import math_verify_reward
+    """The reward chosen by `script_args.reward`: math-verify on the last ``\\boxed{}`` answer, or the DAPO scorer."""
+    from ..rewards import DAPOReward, math_verify_reward
 
     correct, wrong, name = REWARDS[script_args.reward]
+    if script_args.reward == "dapo":
+        return DAPOReward(correct=correct, wrong=wrong, name=name)
     return math_verify_reward(
         correct=correct,
         wrong=wrong,
