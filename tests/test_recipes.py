@@ -308,6 +308,7 @@ ACCELERATE_EXPECTED = {
     "zero3": ("DEEPSPEED", 8, 3),
     "zero3_offload": ("DEEPSPEED", 8, 3),
     "fsdp2": ("FSDP", 8, None),
+    "multi_node_zero3": ("DEEPSPEED", 16, 3),  # 2 nodes x 8 GPUs; tests/test_multi_node.py checks the rest
 }
 
 

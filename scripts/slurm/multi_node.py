@@ -1,0 +1,393 @@
+"""Per-node commands for multi-node training under SLURM, used by scripts/slurm/multi_node.sbatch.
+
+The job's nodes are split into N training nodes (the first ones, in SLURM's order) and, by default, one vLLM node
+(the last one). Each subcommand reads the SLURM environment and prints, or with `--exec` runs, one command:
+
+    python scripts/slurm/multi_node.py layout --recipe R       # shell assignments for the batch script
+    python scripts/slurm/multi_node.py vllm --recipe R --exec  # `trl vllm-serve` on the vLLM node
+    python scripts/slurm/multi_node.py wait --url URL           # until the vLLM server answers /health
+    python scripts/slurm/multi_node.py train --recipe R --exec [-- --recipe_field value ...]
+                                                                # one `accelerate launch` per training node
+
+An application script, not part of the `trl_bandpo` package: the standard library, and PyYAML to read the recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+DEFAULT_ACCELERATE_CONFIG = "accelerate_configs/multi_node_zero3.yaml"
+DEFAULT_MAIN_PROCESS_PORT = 29500
+DEFAULT_VLLM_PORT = 8000
+PROMPT_BUDGET = 1024  # prompt tokens on top of max_completion_length for the vLLM context, as the recipes' headers
+
+
+class LaunchError(RuntimeError):
+    """The SLURM environment or the arguments do not describe a valid multi-node launch."""
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Nodes
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _split_top_level(expression: str) -> list[str]:
+    """`a[1-2,4],b` -> ['a[1-2,4]', 'b']: commas outside brackets separate host names."""
+    parts, depth, current = [], 0, ""
+    for char in expression:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth < 0:
+            raise LaunchError(f"unbalanced ']' in node list {expression!r}")
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    if depth != 0:
+        raise LaunchError(f"unbalanced '[' in node list {expression!r}")
+    return [part for part in [*parts, current] if part]
+
+
+def _expand_one(name: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", name)
+    if match is None:
+        return [name]
+    head, tail = name[: match.start()], name[match.end() :]
+    numbers = []
+    for item in match.group(1).split(","):
+        low, _, high = item.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise LaunchError(f"cannot read range {item!r} in node name {name!r}")
+        width = len(low)  # zero padding: node[08-10] -> node08 node09 node10
+        numbers += [str(k).zfill(width) for k in range(int(low), int(high or low) + 1)]
+    return [host for number in numbers for host in _expand_one(f"{head}{number}{tail}")]
+
+
+def expand_nodelist(expression: str) -> list[str]:
+    """Host names of a SLURM node list such as `gpu[001-003,007],login1` (what `scontrol show hostnames` prints)."""
+    return [host for part in _split_top_level(expression.strip()) for host in _expand_one(part)]
+
+
+def gpus_per_node(env: Mapping[str, str], override: int | None = None) -> int:
+    """GPUs on each node: the argument, else SLURM_GPUS_ON_NODE, else SLURM_GPUS_PER_NODE (`8` or `h100:8`)."""
+    if override is not None:
+        return override
+    for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        value = env.get(key, "").strip()
+        match = re.fullmatch(r"(?:[\w-]+:)?(\d+)(?:\(.*\))?", value)
+        if match and int(match.group(1)) > 0:
+            return int(match.group(1))
+    raise LaunchError(
+        "cannot tell the number of GPUs per node: SLURM_GPUS_ON_NODE and SLURM_GPUS_PER_NODE are unset (submit with "
+        "`#SBATCH --gpus-per-node=8`) or pass --gpus_per_node"
+    )
+
+
+@dataclass(frozen=True)
+class Layout:
+    train_nodes: tuple[str, ...]
+    vllm_node: str | None
+    gpus_per_node: int
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.train_nodes) * self.gpus_per_node
+
+
+def job_layout(env: Mapping[str, str], vllm_nodes: int = 1, gpus: int | None = None) -> Layout:
+    """Split the job's nodes (SLURM_JOB_NODELIST) into training nodes and `vllm_nodes` (0 or 1) vLLM nodes, last."""
+    if vllm_nodes not in (0, 1):
+        raise LaunchError(f"vllm_nodes must be 0 or 1, got {vllm_nodes}")
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise LaunchError("SLURM_JOB_NODELIST is not set: run inside a SLURM job (sbatch or salloc)")
+    nodes = expand_nodelist(nodelist)
+    if len(nodes) < 1 + vllm_nodes:
+        raise LaunchError(
+            f"the job has {len(nodes)} node(s) ({nodelist}): need at least one training node plus "
+            f"{vllm_nodes} vLLM node(s)"
+        )
+    train = nodes[: len(nodes) - vllm_nodes]
+    return Layout(tuple(train), nodes[-1] if vllm_nodes else None, gpus_per_node(env, gpus))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Commands
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def read_recipe(path: str) -> dict:
+    import yaml
+
+    if not os.path.isfile(path):
+        raise LaunchError(f"recipe {path} does not exist (paths are relative to the repository root)")
+    with open(path) as f:
+        return yaml.safe_load(f) or {}
+
+
+def machine_rank(env: Mapping[str, str], layout: Layout) -> int:
+    """This node's rank among the training nodes: SLURM_PROCID of a step with one task per training node."""
+    if "SLURM_PROCID" not in env:
+        raise LaunchError(
+            "SLURM_PROCID is not set: run `train` inside `srun --ntasks-per-node=1` on the training "
+            "nodes (one task per node)"
+        )
+    if not env["SLURM_PROCID"].isdigit():
+        raise LaunchError(f"SLURM_PROCID={env['SLURM_PROCID']!r} is not a task number")
+    rank = int(env["SLURM_PROCID"])
+    tasks = env.get("SLURM_STEP_NUM_TASKS")
+    if tasks is not None and int(tasks) != len(layout.train_nodes):
+        raise LaunchError(
+            f"the step runs {tasks} tasks for {len(layout.train_nodes)} training nodes: start exactly "
+            "one task per training node"
+        )
+    if not 0 <= rank < len(layout.train_nodes):
+        raise LaunchError(f"SLURM_PROCID={rank} is not a training node rank (0..{len(layout.train_nodes) - 1})")
+    here = env.get("SLURMD_NODENAME")
+    if here and here in layout.train_nodes and layout.train_nodes[rank] != here:
+        raise LaunchError(
+            f"task {rank} runs on {here} but training node {rank} is {layout.train_nodes[rank]}: "
+            "the rank-0 task must run on the first training node (use srun's default block order)"
+        )
+    return rank
+
+
+def train_command(
+    env: Mapping[str, str],
+    recipe: str,
+    *,
+    layout: Layout | None = None,
+    config_file: str = DEFAULT_ACCELERATE_CONFIG,
+    main_process_port: int = DEFAULT_MAIN_PROCESS_PORT,
+    rdzv_backend: str = "static",
+    vllm_port: int = DEFAULT_VLLM_PORT,
+    extra: Sequence[str] = (),
+    program: str = "accelerate",
+) -> list[str]:
+    """The `accelerate launch` argv of this training node (rank from SLURM_PROCID, layout from the job)."""
+    layout = layout or job_layout(env)
+    if rdzv_backend not in ("static", "c10d"):
+        raise LaunchError(f"rdzv_backend must be 'static' or 'c10d', got {rdzv_backend!r}")
+    rank = machine_rank(env, layout)
+    argv = [
+        program, "launch", "--config_file", config_file,
+        "--num_machines", str(len(layout.train_nodes)), "--machine_rank", str(rank),
+        "--main_process_ip", layout.train_nodes[0], "--main_process_port", str(main_process_port),
+        "--num_processes", str(layout.num_processes), "--rdzv_backend", rdzv_backend,
+        "-m", "trl_bandpo.cli.train", "--config", recipe,
+    ]  # fmt: skip
+    if layout.vllm_node is not None:
+        argv += ["--vllm_server_host", layout.vllm_node, "--vllm_server_port", str(vllm_port)]
+    return argv + list(extra)
+
+
+def vllm_command(
+    recipe_fields: Mapping,
+    gpus: int,
+    *,
+    model: str | None = None,
+    tensor_parallel_size: int | None = None,
+    data_parallel_size: int = 1,
+    port: int = DEFAULT_VLLM_PORT,
+    max_model_len: int | None = None,
+    extra: Sequence[str] = (),
+    program: str = "trl",
+) -> list[str]:
+    """`trl vllm-serve` for the recipe's model, tensor parallel over the node's GPUs unless told otherwise."""
+    model = model or recipe_fields.get("model_name_or_path")
+    if not model:
+        raise LaunchError("the recipe has no model_name_or_path: pass --model")
+    tp = tensor_parallel_size or gpus // data_parallel_size
+    if tp < 1 or tp * data_parallel_size > gpus:
+        raise LaunchError(
+            f"tensor parallel {tp} x data parallel {data_parallel_size} needs more than the {gpus} "
+            "GPUs of the vLLM node"
+        )
+    if max_model_len is None:
+        max_model_len = recipe_fields.get("vllm_max_model_length")
+    if max_model_len is None and recipe_fields.get("max_completion_length"):
+        max_model_len = int(recipe_fields["max_completion_length"]) + PROMPT_BUDGET
+    argv = [
+        program, "vllm-serve", "--model", str(model), "--tensor-parallel-size", str(tp),
+        "--data-parallel-size", str(data_parallel_size), "--host", "0.0.0.0", "--port", str(port),
+    ]  # fmt: skip
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(max_model_len)]
+    return argv + list(extra)
+
+
+def layout_assignments(layout: Layout, vllm_port: int) -> dict[str, str]:
+    """Variables the batch script evaluates: node lists for srun, sizes, the health URL."""
+    values = {
+        "TRAIN_NODES": ",".join(layout.train_nodes),
+        "NUM_TRAIN_NODES": str(len(layout.train_nodes)),
+        "GPUS_PER_NODE": str(layout.gpus_per_node),
+        "NUM_PROCESSES": str(layout.num_processes),
+        "MAIN_PROCESS_IP": layout.train_nodes[0],
+        "VLLM_NODE": layout.vllm_node or "",
+        "VLLM_PORT": str(vllm_port),
+        "VLLM_HEALTH_URL": f"http://{layout.vllm_node}:{vllm_port}/health" if layout.vllm_node else "",
+    }
+    return values
+
+
+def wait_for_health(
+    url: str,
+    timeout: float,
+    interval: float = 10.0,
+    alive: Callable[[], bool] = lambda: True,
+    log: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True),
+) -> float:
+    """Poll `url` until it answers 200; raise if `alive()` turns false or `timeout` seconds pass. Returns the wait."""
+    start = time.monotonic()
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=min(interval, 30.0)) as response:
+                if response.status == 200:
+                    return time.monotonic() - start
+        except (urllib.error.URLError, OSError):
+            pass
+        waited = time.monotonic() - start
+        if not alive():
+            raise LaunchError(f"the vLLM server exited before {url} answered (see its log)")
+        if waited >= timeout:
+            raise LaunchError(f"{url} did not answer within {timeout:.0f} s")
+        log(f"waiting for {url} ({waited:.0f} s)")
+        time.sleep(interval)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Command line
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _process_alive(pid: int) -> Callable[[], bool]:
+    """Whether `pid` still runs (a zombie, exited but not yet reaped by its parent, counts as gone)."""
+
+    def alive() -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    return alive
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="multi_node.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--vllm_nodes", type=int, default=1, help="nodes for the vLLM server: 1 (the last) or 0")
+    common.add_argument("--gpus_per_node", type=int, default=None, help="default: from the SLURM environment")
+    common.add_argument("--vllm_port", type=int, default=None, help="default: the recipe's vllm_server_port or 8000")
+    common.add_argument("--recipe", help="recipe YAML, relative to the repository root")
+    for name, help_text in (
+        ("layout", "print shell assignments for the batch script"),
+        ("vllm", "the vLLM server command"),
+        ("train", "this node's accelerate command"),
+    ):
+        command = sub.add_parser(name, parents=[common], help=help_text)
+        if name != "layout":
+            command.add_argument("--exec", action="store_true", help="run the command instead of printing it")
+    sub.choices["vllm"].add_argument("--model", default=None, help="default: the recipe's model_name_or_path")
+    sub.choices["vllm"].add_argument(
+        "--tensor_parallel_size", type=int, default=None, help="default: the node's GPUs / data parallel size"
+    )
+    sub.choices["vllm"].add_argument("--data_parallel_size", type=int, default=1)
+    sub.choices["vllm"].add_argument(
+        "--max_model_len",
+        type=int,
+        default=None,
+        help=f"default: the recipe's vllm_max_model_length, else max_completion_length + {PROMPT_BUDGET}",
+    )
+    train = sub.choices["train"]
+    train.add_argument("--config_file", default=DEFAULT_ACCELERATE_CONFIG)
+    train.add_argument("--main_process_port", type=int, default=DEFAULT_MAIN_PROCESS_PORT)
+    train.add_argument("--rdzv_backend", choices=("static", "c10d"), default="static")
+    wait = sub.add_parser("wait", help="wait until the vLLM server answers")
+    wait.add_argument("--url", required=True)
+    wait.add_argument("--timeout", type=float, default=1800.0)
+    wait.add_argument("--interval", type=float, default=10.0)
+    wait.add_argument("--pid", type=int, default=None, help="stop waiting if this process (the server's srun) exits")
+    return parser
+
+
+def run(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None:
+    """Parse `argv` (`...` `--` recipe overrides) and return the command to run, or None (printed already)."""
+    argv = list(argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = build_parser().parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if args.command == "wait":
+        alive = _process_alive(args.pid) if args.pid else (lambda: True)
+        waited = wait_for_health(args.url, args.timeout, args.interval, alive)
+        print(f"{args.url} answered after {waited:.0f} s", file=sys.stderr)
+        return None
+    if not args.recipe:
+        raise LaunchError(f"`{args.command}` needs --recipe")
+    fields = read_recipe(args.recipe)
+    port = args.vllm_port or int(fields.get("vllm_server_port") or DEFAULT_VLLM_PORT)
+    layout = job_layout(env, args.vllm_nodes, args.gpus_per_node)
+    if args.command == "layout":
+        for key, value in layout_assignments(layout, port).items():
+            print(f"{key}={shlex.quote(value)}")
+        return None
+    if args.command == "vllm":
+        return vllm_command(
+            fields,
+            layout.gpus_per_node,
+            model=args.model,
+            tensor_parallel_size=args.tensor_parallel_size,
+            data_parallel_size=args.data_parallel_size,
+            port=port,
+            max_model_len=args.max_model_len,
+            extra=extra,
+        )
+    return train_command(
+        env,
+        args.recipe,
+        layout=layout,
+        config_file=args.config_file,
+        main_process_port=args.main_process_port,
+        rdzv_backend=args.rdzv_backend,
+        vllm_port=port,
+        extra=extra,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    try:
+        command = run(argv, os.environ)
+    except LaunchError as err:
+        print(f"multi_node.py: error: {err}", file=sys.stderr)
+        return 2
+    if command is None:
+        return 0
+    if "--exec" not in options:
+        print(shlex.join(command))
+        return 0
+    print(f"+ {shlex.join(command)}", file=sys.stderr, flush=True)
+    os.execvp(command[0], command)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,469 @@
+"""Multi-node launch: accelerate_configs/multi_node_zero3.yaml, the SLURM command builder scripts/slurm/multi_node.py
+and the batch script scripts/slurm/multi_node.sbatch (run here against stand-ins for srun, trl and accelerate), plus
+a real two-machine ZeRO-3 run on this host (slow)."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "accelerate_configs" / "multi_node_zero3.yaml"
+SBATCH = REPO / "scripts" / "slurm" / "multi_node.sbatch"
+RECIPE = "recipes/dgpo/deepseek-r1-distill-qwen-14b_dgpo_vllm-server.yaml"
+
+
+def load_builder():
+    spec = importlib.util.spec_from_file_location("multi_node", REPO / "scripts" / "slurm" / "multi_node.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+mn = load_builder()
+
+
+def slurm_env(rank: int, node: str, **extra) -> dict[str, str]:
+    """The environment of one task of `srun --ntasks-per-node=1` on the two training nodes of a 3-node job."""
+    env = {"SLURM_JOB_NODELIST": "gpu[001-003]", "SLURM_GPUS_ON_NODE": "8", "SLURM_PROCID": str(rank),
+           "SLURMD_NODENAME": node, "SLURM_STEP_NUM_TASKS": "2"}  # fmt: skip
+    return {**env, **extra}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The accelerate config
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_config_loads_with_accelerate_and_has_the_multi_node_fields():
+    from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+
+    config = load_config_from_file(str(CONFIG))
+    assert isinstance(config, ClusterConfig)
+    assert config.distributed_type == "DEEPSPEED" and config.compute_environment == "LOCAL_MACHINE"
+    assert config.num_machines >= 2 and config.machine_rank == 0
+    assert config.main_process_ip and isinstance(config.main_process_port, int)
+    assert config.rdzv_backend in ("static", "c10d")
+    assert config.num_processes % config.num_machines == 0  # a total over the machines
+    assert config.deepspeed_config["deepspeed_multinode_launcher"] == "standard"  # one launcher per node, no ssh
+    # the same DeepSpeed settings as the single-node ZeRO-3 config
+    single = yaml.safe_load((REPO / "accelerate_configs" / "zero3.yaml").read_text())["deepspeed_config"]
+    assert dict(config.deepspeed_config) == single
+    header = "\n".join(line for line in CONFIG.read_text().splitlines() if line.startswith("#"))
+    for field in ("num_machines", "machine_rank", "main_process_ip", "main_process_port", "num_processes",
+                  "rdzv_backend", "same_network", "deepspeed_multinode_launcher"):  # fmt: skip
+        assert f"#   {field}" in header, f"the header does not explain {field}"
+    assert "accelerate launch --config_file accelerate_configs/multi_node_zero3.yaml" in header
+
+
+def test_builder_argv_drives_accelerate_to_the_intended_torchrun_layout():
+    """The builder's argv, parsed by `accelerate launch` itself with the config: 2 nodes x 8 processes, this node's
+    rank, the rendezvous endpoint on the first training node (accelerate's launcher internals; skipped if moved)."""
+    launch = pytest.importorskip("accelerate.commands.launch")
+    utils = pytest.importorskip("accelerate.utils.launch")
+    if not hasattr(launch, "_validate_launch_command") or not hasattr(utils, "prepare_deepspeed_cmd_env"):
+        pytest.skip("this accelerate version moved its launcher internals")
+    pytest.importorskip("deepspeed")
+    argv = mn.train_command(slurm_env(1, "gpu002"), RECIPE, config_file=str(CONFIG), main_process_port=29611)
+    args = launch.launch_command_parser().parse_args(argv[2:])
+    args, defaults, _ = launch._validate_launch_command(args)
+    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+    cmd, env = utils.prepare_deepspeed_cmd_env(args)
+    assert cmd is None  # torchrun in this process, not the pdsh/ssh `deepspeed` runner
+    assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("2", 1, "8")
+    assert args.rdzv_backend == "static" and args.rdzv_endpoint == "gpu001:29611"
+    assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "3"
+    assert args.training_script == "trl_bandpo.cli.train" and args.module
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The command builder
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_train_argv_for_two_nodes_rank_0():
+    argv = mn.train_command(slurm_env(0, "gpu001"), RECIPE, extra=["--gradient_accumulation_steps", "16"])
+    assert argv == [
+        "accelerate", "launch", "--config_file", "accelerate_configs/multi_node_zero3.yaml",
+        "--num_machines", "2", "--machine_rank", "0", "--main_process_ip", "gpu001", "--main_process_port", "29500",
+        "--num_processes", "16", "--rdzv_backend", "static",
+        "-m", "trl_bandpo.cli.train", "--config", "recipes/dgpo/deepseek-r1-distill-qwen-14b_dgpo_vllm-server.yaml",
+        "--vllm_server_host", "gpu003", "--vllm_server_port", "8000", "--gradient_accumulation_steps", "16",
+    ]  # fmt: skip
+
+
+def test_train_argv_for_rank_1_through_the_command_line(capsys, monkeypatch):
+    env = slurm_env(1, "gpu002", SLURM_GPUS_ON_NODE="", SLURM_GPUS_PER_NODE="h100:8")
+    argv = ["train", "--recipe", RECIPE, "--main_process_port", "29555", "--rdzv_backend", "c10d",
+            "--", "--gradient_accumulation_steps", "16", "--output_dir", "/shared/runs/14b"]  # fmt: skip
+    assert mn.run(argv, env) == [
+        "accelerate", "launch", "--config_file", "accelerate_configs/multi_node_zero3.yaml",
+        "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "gpu001", "--main_process_port", "29555",
+        "--num_processes", "16", "--rdzv_backend", "c10d",
+        "-m", "trl_bandpo.cli.train", "--config", "recipes/dgpo/deepseek-r1-distill-qwen-14b_dgpo_vllm-server.yaml",
+        "--vllm_server_host", "gpu003", "--vllm_server_port", "8000",
+        "--gradient_accumulation_steps", "16", "--output_dir", "/shared/runs/14b",
+    ]  # fmt: skip
+    # main reads os.environ: without a SLURM job it stops with the reason; inside one it prints the command
+    for key in [key for key in os.environ if key.startswith("SLURM")]:
+        monkeypatch.delenv(key)
+    assert mn.main(argv) == 2
+    assert "SLURM_JOB_NODELIST is not set" in capsys.readouterr().err
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert mn.main(argv) == 0
+    assert capsys.readouterr().out.split() == mn.run(argv, env)
+
+
+def test_every_recipe_flag_the_builder_adds_is_a_training_field():
+    from trl_bandpo.cli.recipe import known_keys
+
+    argv = mn.train_command(slurm_env(0, "gpu001"), RECIPE)
+    flags = [a[2:] for a in argv[argv.index("trl_bandpo.cli.train") + 1 :] if a.startswith("--")]
+    assert flags and set(flags) <= set(known_keys()) | {"config"}
+
+
+def test_vllm_argv_and_layout():
+    env = {"SLURM_JOB_NODELIST": "gpu[001-003]", "SLURM_GPUS_ON_NODE": "8"}
+    assert mn.run(["vllm", "--recipe", RECIPE], env) == [
+        "trl", "vllm-serve", "--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "--tensor-parallel-size", "8",
+        "--data-parallel-size", "1", "--host", "0.0.0.0", "--port", "8000", "--max-model-len", "9216",
+    ]  # fmt: skip
+    argv = mn.run(["vllm", "--recipe", RECIPE, "--tensor_parallel_size", "2", "--data_parallel_size", "4",
+                   "--vllm_port", "8100", "--", "--enforce-eager"], env)  # fmt: skip
+    assert argv[argv.index("--tensor-parallel-size") :] == [
+        "--tensor-parallel-size", "2", "--data-parallel-size", "4", "--host", "0.0.0.0", "--port", "8100",
+        "--max-model-len", "9216", "--enforce-eager",
+    ]  # fmt: skip
+    with pytest.raises(mn.LaunchError, match="needs more than the 8 GPUs"):
+        mn.run(["vllm", "--recipe", RECIPE, "--tensor_parallel_size", "4", "--data_parallel_size", "4"], env)
+    layout = mn.job_layout(env)
+    assert mn.layout_assignments(layout, 8000) == {
+        "TRAIN_NODES": "gpu001,gpu002", "NUM_TRAIN_NODES": "2", "GPUS_PER_NODE": "8", "NUM_PROCESSES": "16",
+        "MAIN_PROCESS_IP": "gpu001", "VLLM_NODE": "gpu003", "VLLM_PORT": "8000",
+        "VLLM_HEALTH_URL": "http://gpu003:8000/health",
+    }  # fmt: skip
+    no_server = mn.job_layout(env, vllm_nodes=0)
+    assert no_server.train_nodes == ("gpu001", "gpu002", "gpu003") and no_server.vllm_node is None
+    argv = mn.train_command({**env, "SLURM_PROCID": "2"}, "recipes/dgpo/deepseek-r1-distill-qwen-14b_dgpo.yaml",
+                            layout=no_server)  # fmt: skip
+    assert argv[argv.index("--num_processes") + 1] == "24" and "--vllm_server_host" not in argv
+
+
+def test_the_commands_shown_in_the_docs_are_the_builders():
+    """docs/multi-node.md shows what the helper prints for its dry-run example; both stay in step."""
+    text = (REPO / "docs" / "multi-node.md").read_text()
+    shown = [line for line in text.splitlines() if line.startswith(("accelerate launch ", "trl vllm-serve "))]
+    env = {"SLURM_JOB_NODELIST": "gpu[001-003]", "SLURM_GPUS_ON_NODE": "8", "SLURM_PROCID": "1"}
+    train = mn.run(["train", "--recipe", RECIPE, "--", "--gradient_accumulation_steps", "16"], env)
+    vllm = mn.run(["vllm", "--recipe", RECIPE], env)
+    assert " ".join(train) in shown and " ".join(vllm) in shown
+
+
+@pytest.mark.parametrize(
+    ("expression", "hosts"),
+    [
+        ("gpu[001-003,007]", ["gpu001", "gpu002", "gpu003", "gpu007"]),
+        ("a1,b[8-10],c", ["a1", "b8", "b9", "b10", "c"]),
+        ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),
+        ("node17", ["node17"]),
+    ],
+)
+def test_expand_nodelist(expression, hosts):
+    assert mn.expand_nodelist(expression) == hosts
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"SLURM_GPUS_ON_NODE": "8", "SLURM_PROCID": "0"}, "SLURM_JOB_NODELIST is not set"),
+        ({"SLURM_JOB_NODELIST": "gpu[001-003]", "SLURM_GPUS_ON_NODE": "8"}, "SLURM_PROCID is not set"),
+        ({"SLURM_JOB_NODELIST": "gpu[001-003]", "SLURM_PROCID": "0"}, "SLURM_GPUS_ON_NODE"),
+        (slurm_env(2, "gpu003", SLURM_STEP_NUM_TASKS="3"), "one task per training node"),
+        (slurm_env(2, "gpu003", SLURM_STEP_NUM_TASKS="2"), "not a training node rank"),
+        (slurm_env(1, "gpu001"), "runs on gpu001 but training node 1 is gpu002"),
+        ({"SLURM_JOB_NODELIST": "gpu001", "SLURM_GPUS_ON_NODE": "8", "SLURM_PROCID": "0"}, "at least one training"),
+        ({"SLURM_JOB_NODELIST": "gpu[001-003", "SLURM_GPUS_ON_NODE": "8", "SLURM_PROCID": "0"}, "unbalanced"),
+    ],
+)
+def test_missing_or_inconsistent_slurm_environment_is_a_clear_error(env, message):
+    with pytest.raises(mn.LaunchError, match=message):
+        mn.train_command(env, RECIPE)
+
+
+def test_cli_errors_name_the_problem(capsys):
+    assert mn.main(["train", "--recipe", "recipes/dgpo/missing.yaml"]) == 2
+    assert "recipes/dgpo/missing.yaml does not exist" in capsys.readouterr().err
+    assert mn.main(["layout"]) == 2
+    assert "`layout` needs --recipe" in capsys.readouterr().err
+
+
+@contextlib.contextmanager
+def health_server():
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_wait_for_health():
+    with health_server() as base:
+        assert mn.wait_for_health(f"{base}/health", timeout=5, interval=0.05) < 5
+        with pytest.raises(mn.LaunchError, match="exited before"):  # 404: not up; the server process died
+            mn.wait_for_health(f"{base}/missing", timeout=5, interval=0.05, alive=lambda: False, log=lambda m: None)
+    with pytest.raises(mn.LaunchError, match="did not answer within"):
+        mn.wait_for_health(f"http://127.0.0.1:{free_port()}/health", timeout=0.2, interval=0.05, log=lambda m: None)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The batch script
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_sbatch_calls_the_builder_and_parses():
+    text = SBATCH.read_text()
+    assert text.startswith("#!/bin/bash\n")
+    directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --ntasks-per-node=1" in directives and any("--gpus-per-node" in d for d in directives)
+    for call in ('python "$HELPER" layout', 'python "$HELPER" vllm --exec', 'python "$HELPER" wait',
+                 'python "$HELPER" train --exec'):  # fmt: skip
+        assert call in text, call
+    assert "HELPER=scripts/slurm/multi_node.py" in text and "--kill-on-bad-exit=1" in text
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash on this machine")
+    result = subprocess.run([bash, "-n", str(SBATCH)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+FAKE_SRUN = """#!/bin/bash
+# Stand-in for srun: one task per node of --nodelist, with the SLURM task variables, stopped on SIGTERM.
+nodelist="" ntasks=1
+while [[ $1 == -* ]]; do
+    case $1 in --nodelist=*) nodelist=${1#*=} ;; --ntasks=*) ntasks=${1#*=} ;; esac
+    shift
+done
+echo "srun $nodelist $*" >> "$FAKE_LOG/srun.txt"
+IFS=, read -r -a nodes <<< "$nodelist"
+pids=()
+for ((k = 0; k < ntasks; k++)); do
+    SLURM_PROCID=$k SLURMD_NODENAME=${nodes[k]} SLURM_STEP_NUM_TASKS=$ntasks "$@" &
+    pids+=($!)
+done
+trap 'kill "${pids[@]}" 2>/dev/null; exit 143' TERM
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+exit $status
+"""
+
+FAKE_TRL = """#!{python}
+# Stand-in for `trl vllm-serve`: answers /health on --port until stopped.
+import http.server, os, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+with open(os.path.join(os.environ["FAKE_LOG"], "trl.json"), "w") as f:
+    f.write(repr({{"argv": sys.argv[1:], "pid": os.getpid()}}))
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("0.0.0.0", port), Handler).serve_forever()
+"""
+
+FAKE_ACCELERATE = """#!{python}
+# Stand-in for `accelerate`: records its argv per node; FAKE_FAIL_RANK makes that node fail.
+import json, os, sys
+rank = os.environ["SLURM_PROCID"]
+with open(os.path.join(os.environ["FAKE_LOG"], f"accelerate{{rank}}.json"), "w") as f:
+    json.dump(sys.argv[1:], f)
+sys.exit(3 if os.environ.get("FAKE_FAIL_RANK") == rank else 0)
+"""
+
+
+def run_sbatch(tmp_path: Path, **env_extra) -> tuple[subprocess.CompletedProcess, Path, str]:
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash on this machine")
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    log.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("trl", FAKE_TRL), ("accelerate", FAKE_ACCELERATE)):
+        (bin_dir / name).write_text(text.format(python=sys.executable) if name != "srun" else text)
+        (bin_dir / name).chmod(0o755)
+    python_dir = tmp_path / "python"  # `python` for the batch script, without the rest of the venv's bin
+    python_dir.mkdir()
+    (python_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (python_dir / "python").chmod(0o755)
+    port = str(free_port())
+    env = {
+        "PATH": os.pathsep.join([str(bin_dir), str(python_dir), "/usr/bin", "/bin"]),
+        "HOME": str(tmp_path), "FAKE_LOG": str(log), "VENV": str(tmp_path / "no-venv"),
+        "SLURM_SUBMIT_DIR": str(REPO), "SLURM_JOB_NODELIST": "127.0.0.[1-3]",  # loopback: 127.0.0.3 is this host
+        "SLURM_GPUS_ON_NODE": "2", "SLURM_CPUS_ON_NODE": "4", "SLURM_JOB_ID": "1",
+        "VLLM_PORT": port, "VLLM_HEALTH_INTERVAL": "0.1", "VLLM_STARTUP_TIMEOUT": "60",
+        **env_extra,
+    }  # fmt: skip
+    result = subprocess.run([bash, str(SBATCH), RECIPE, "--gradient_accumulation_steps", "32"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    return result, log, port
+
+
+def assert_server_stopped(log: Path) -> None:
+    pid = eval((log / "trl.json").read_text())["pid"]  # noqa: S307 (written by the stand-in above)
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError("the batch script left the vLLM server running")
+
+
+def test_sbatch_runs_the_server_then_one_launcher_per_training_node(tmp_path):
+    result, log, port = run_sbatch(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    trl = eval((log / "trl.json").read_text())  # noqa: S307
+    assert trl["argv"] == ["vllm-serve", "--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B",
+                           "--tensor-parallel-size", "2", "--data-parallel-size", "1", "--host", "0.0.0.0",
+                           "--port", port, "--max-model-len", "9216"]  # fmt: skip
+    for rank in (0, 1):
+        assert json.loads((log / f"accelerate{rank}.json").read_text()) == [
+            "launch", "--config_file", "accelerate_configs/multi_node_zero3.yaml",
+            "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
+            "--main_process_port", "29500", "--num_processes", "4", "--rdzv_backend", "static",
+            "-m", "trl_bandpo.cli.train", "--config", RECIPE,
+            "--vllm_server_host", "127.0.0.3", "--vllm_server_port", port, "--gradient_accumulation_steps", "32",
+        ]  # fmt: skip
+    sruns = (log / "srun.txt").read_text().splitlines()
+    assert sruns[0].startswith("srun 127.0.0.3 python scripts/slurm/multi_node.py vllm --exec")
+    assert sruns[1].startswith("srun 127.0.0.1,127.0.0.2 python scripts/slurm/multi_node.py train --exec")
+    assert "training finished with status 0" in result.stdout
+    assert_server_stopped(log)
+
+
+def test_sbatch_exits_with_the_training_status_and_stops_the_server(tmp_path):
+    result, log, _ = run_sbatch(tmp_path, FAKE_FAIL_RANK="1", MAIN_PROCESS_PORT="29600", RDZV_BACKEND="c10d")
+    assert result.returncode == 3, result.stdout + result.stderr
+    argv = json.loads((log / "accelerate0.json").read_text())
+    assert argv[argv.index("--main_process_port") + 1] == "29600" and argv[argv.index("--rdzv_backend") + 1] == "c10d"
+    assert_server_stopped(log)
+
+
+def test_sbatch_without_a_vllm_node_trains_on_every_node(tmp_path):
+    result, log, _ = run_sbatch(tmp_path, VLLM_NODES="0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not (log / "trl.json").exists()
+    for rank in (0, 1, 2):
+        argv = json.loads((log / f"accelerate{rank}.json").read_text())
+        assert argv[argv.index("--num_machines") : argv.index("--main_process_port")] == [
+            "--num_machines", "3", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
+        ]  # fmt: skip
+        assert argv[argv.index("--num_processes") + 1] == "6" and "--vllm_server_host" not in argv
+
+
+def test_sbatch_without_a_recipe_prints_its_usage(tmp_path):
+    bash = shutil.which("bash") or pytest.skip("no bash on this machine")
+    result = subprocess.run([bash, str(SBATCH)], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "usage: sbatch" in result.stderr
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Two machines on one host
+# ------------------------------------------------------------------------------------------------------------------
+
+CPU_OVERRIDES = {"use_cpu": True, "mixed_precision": "no"}
+CPU_DEEPSPEED = {"zero3_init_flag": False, "zero3_save_16bit_model": False}
+
+
+@pytest.mark.slow
+def test_two_machines_on_one_host_train_bandpo_with_zero3(tiny_model_dir, tmp_path):
+    """Two `accelerate launch` processes, machine ranks 0 and 1 of a 2-machine job, 1 CPU process each, with the
+    launcher flags the SLURM builder emits and the multi-node config (switched to CPU): they meet at the rendezvous
+    and run two BandPO steps under DeepSpeed ZeRO-3 as one world of 2."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: the config's launcher path needs it")
+    try:
+        port = free_port()
+    except OSError as err:
+        pytest.skip(f"cannot open a TCP socket on 127.0.0.1 for the rendezvous: {err}")
+    config = yaml.safe_load(CONFIG.read_text())
+    config.update(CPU_OVERRIDES)
+    config["deepspeed_config"].update(CPU_DEEPSPEED)
+    config_file = tmp_path / "multi_node_cpu.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    accelerate = shutil.which("accelerate") or os.path.join(os.path.dirname(sys.executable), "accelerate")
+    layout = mn.Layout(train_nodes=("127.0.0.1", "127.0.0.1"), vllm_node=None, gpus_per_node=1)
+    script = [str(REPO / "tests" / "scripts" / "zero3_bandpo_run.py"), tiny_model_dir, str(tmp_path)]
+    processes = []
+    for rank in (0, 1):
+        argv = mn.train_command(
+            {"SLURM_PROCID": str(rank)},
+            "unused.yaml",
+            layout=layout,
+            config_file=str(config_file),
+            main_process_port=port,
+            program=accelerate,
+        )
+        argv = argv[: argv.index("-m")] + script  # the launcher part of the builder's argv, a test script
+        log = open(tmp_path / f"machine{rank}.log", "w")  # closed below
+        processes.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
+    try:
+        codes = [process.wait(timeout=300) for process, _ in processes]
+    finally:
+        for process, log in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            log.close()
+    texts = [(tmp_path / f"machine{k}.log").read_text() for k in (0, 1)]
+    errors = [line for text in texts for line in text.splitlines() if "Error" in line and "Warning" not in line]
+    assert codes == [0, 0], "\n".join(errors[:20] + [text[-2000:] for text in texts])
+    ranks = [json.loads((tmp_path / f"log_history_rank{k}.json").read_text()) for k in (0, 1)]
+    assert all(rank["world"] == 2 and rank["deepspeed"] for rank in ranks)
+    steps = [[e for e in rank["log_history"] if "loss" in e] for rank in ranks]
+    assert len(steps[0]) == len(steps[1]) == 2
+    for entry0, entry1 in zip(*steps):
+        for key in ("loss", "entropy", "bounds/upper_mean"):  # the same global step on both machines
+            assert entry0.get(key) == pytest.approx(entry1.get(key), nan_ok=True), key
+
+
+def test_builder_is_not_part_of_the_package():
+    """An application script: the package never imports it, it does not import the package, and it stays small."""
+    for path in (REPO / "trl_bandpo").rglob("*.py"):
+        text = path.read_text()
+        assert "import scripts" not in text and "from scripts" not in text, path
+    source = (REPO / "scripts" / "slurm" / "multi_node.py").read_text()
+    assert "import trl_bandpo" not in source and "from trl_bandpo" not in source
+    assert len(source.splitlines()) < 400
