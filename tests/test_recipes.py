@@ -50,9 +50,11 @@ METHODS = {
     "band-kl-0.03": ("band", None),
     "band-kl-0.05": ("band", None),
     "band-kl-0.1": ("band", None),
+    "band-tv-0.05": ("band", None),
+    "band-chi2-0.05": ("band", None),
     "relaxed-band-kl-0.05": ("relaxed_band", None),
     "dcpo": ("dcpo", None),
-    "cispo": ("clip", "cispo"),
+    "cispo": ("cispo", None),  # ours: both-sided clip, as the DGPO paper ran it
     "gppo": ("gppo", None),
     "ce-gppo": ("ce_gppo", None),
     "aspo": ("aspo", None),
@@ -104,6 +106,7 @@ def test_recipe_set_is_complete():
         for method in ("grpo", "clip-higher", "band-kl-0.05", "relaxed-band-kl-0.05", "dcpo"):
             assert f"bandpo/{model}_{method}.yaml" in names
         assert f"bandpo/{model}_band-kl-0.05_vllm-server.yaml" in names
+        assert {f"bandpo/{model}_band-tv-0.05.yaml", f"bandpo/{model}_band-chi2-0.05.yaml"} <= names
     for model in ("qwen2.5-3b-instruct", "deepseek-r1-distill-qwen-7b"):
         assert {f"bandpo/{model}_band-kl-0.03.yaml", f"bandpo/{model}_band-kl-0.1.yaml"} <= names
     for model in ("deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b", "deepseek-r1-distill-qwen-14b"):
@@ -135,8 +138,8 @@ def test_recipe_parses_and_matches_its_paper(path):
     assert args.loss_type == (loss_type or DEFAULT_LOSS_TYPE[folder])
     expected_trainer = "DGPOTrainer" if policy_loss == "dgpo" else "BandPOTrainer"
     assert trainer_class_for(args.policy_loss).__name__ == expected_trainer
-    if method.startswith(("band-kl-", "relaxed-band-kl-")):
-        assert args.band_divergence == "kl"
+    if method.startswith(("band-", "relaxed-band-")):
+        assert args.band_divergence == method.removeprefix("relaxed-").split("-")[1]  # kl, tv or chi2
         assert args.band_radius == float(method.rsplit("-", 1)[1])
         assert args.band_upper_max == 10.0
 
@@ -157,10 +160,14 @@ def test_recipe_parses_and_matches_its_paper(path):
     assert args.bf16 and args.max_grad_norm == 1.0
     assert args.lr_scheduler_type == "constant" and args.warmup_steps == 0
     assert args.scale_rewards == "group"
-    assert script_args.reward == "signed"
     assert args.output_dir.endswith(f"{folder}/{path.stem}")
+    if folder in ("bandpo", "dgpo"):  # neither paper's verl runs corrected for the vLLM/trainer mismatch
+        assert args.vllm_importance_sampling_correction is False
     if folder == "bandpo":
+        # the authors' data, prompt and reward: DAPO-Math-17k (en) + MATH L3-5, DAPO's "Answer:" prompt, math_dapo
         assert script_args.dataset_name == ["dapo-math-17k", "math-level3to5"]
+        assert (script_args.prompt_template, script_args.reward) == ("dapo", "dapo")
+        assert script_args.max_prompt_tokens == 1024
         assert args.learning_rate == 1e-6 and args.beta == 0.001 and args.delta == 10.0
         assert args.use_bias_correction_kl is False
         assert args.max_completion_length == 4096
@@ -168,12 +175,13 @@ def test_recipe_parses_and_matches_its_paper(path):
         expected_eps = {"grpo": (0.2, 0.2), "dcpo": (0.16, 0.2)}.get(method, (0.2, 0.28))
         assert (args.epsilon, args.epsilon_high) == expected_eps
     elif folder == "dgpo":
-        assert script_args.dataset_name == ["dapo-math-17k"]
+        assert script_args.dataset_name == ["dapo-math-17k-original"]  # DAPO-Math-17k as released
+        assert (script_args.prompt_template, script_args.reward) == ("boxed", "signed")
         assert math.isclose(args.learning_rate, DGPO_LR[model.rsplit("-", 1)[1]])
         assert args.beta == 0.0 and args.max_completion_length == 8192 and args.seed == 42
         assert (args.adam_beta1, args.adam_beta2) == (0.9, 0.95)
         assert args.epsilon == 0.2
-        assert args.epsilon_high == (1.2 if method == "cispo" else 0.2)  # TRL's cispo cap is absolute: 1 + 0.2
+        assert args.epsilon_high == 0.2
         assert args.delta == (3.0 if method == "grpo" else None)
         if method == "dgpo":
             assert (args.dgpo_n, args.dgpo_m) == ((2, 2.0) if model.endswith("1.5b") else (1, 2.0))
@@ -271,7 +279,7 @@ def test_main_exits_with_status_2_and_a_message(tmp_path, capsys):
     "old, new, needle",
     [
         ("policy_loss: band", "policy_loss: bandd", "policy_loss"),
-        ("reward: signed", "reward: binary", "reward"),
+        ("reward: dapo", "reward: binary", "reward"),
         ("band_radius: 0.05", "band_radius: -1.0", "band"),
     ],
 )
