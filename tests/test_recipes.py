@@ -52,6 +52,10 @@ METHODS = {
     "band-kl-0.1": ("band", None),
     "band-tv-0.05": ("band", None),
     "band-chi2-0.05": ("band", None),
+    # extensions beyond both papers (docs/extensions.md)
+    "adaptive-band-kl-0.05": ("band", None),
+    "band-dgpo-kl-0.05": ("band_dgpo", None),
+    "dynamic-band-kl-0.05": ("band", None),
     "relaxed-band-kl-0.05": ("relaxed_band", None),
     "dcpo": ("dcpo", None),
     "cispo": ("cispo", None),  # ours: both-sided clip, as the DGPO paper ran it
@@ -65,7 +69,8 @@ DEFAULT_LOSS_TYPE = {"bandpo": "grpo", "dgpo": "dapo", "lora": "grpo"}
 POLICY_KEYS = {
     "policy_loss", "band_divergence", "band_radius", "band_upper_max", "band_relax", "epsilon", "epsilon_high",
     "delta", "loss_type", "dgpo_n", "dgpo_m", "ce_gppo_beta1", "ce_gppo_beta2", "aspo_c_pos", "aspo_c_neg",
-    "output_dir", "run_name",
+    "output_dir", "run_name", "band_radius_by", "band_radius_exponent", "band_radius_min", "band_radius_max",
+    "dynamic_sampling", "dynamic_sampling_max_rounds",
 }  # fmt: skip
 
 
@@ -138,10 +143,19 @@ def test_recipe_parses_and_matches_its_paper(path):
     assert args.loss_type == (loss_type or DEFAULT_LOSS_TYPE[folder])
     expected_trainer = "DGPOTrainer" if policy_loss == "dgpo" else "BandPOTrainer"
     assert trainer_class_for(args.policy_loss).__name__ == expected_trainer
-    if method.startswith(("band-", "relaxed-band-")):
-        assert args.band_divergence == method.removeprefix("relaxed-").split("-")[1]  # kl, tv or chi2
-        assert args.band_radius == float(method.rsplit("-", 1)[1])
+    band = re.fullmatch(r"(?:relaxed-|adaptive-|dynamic-)?band(?:-dgpo)?-(kl|tv|chi2)-([\d.]+)", method)
+    if band:
+        assert (args.band_divergence, args.band_radius) == (band.group(1), float(band.group(2)))
         assert args.band_upper_max == 10.0
+    # Extensions: exactly one of them per recipe, and nowhere else.
+    assert (args.band_radius_by == "entropy") == method.startswith("adaptive-")
+    if method.startswith("adaptive-"):
+        assert (args.band_radius_min, args.band_radius_max, args.band_radius_exponent) == (0.0125, 0.2, 1.0)
+    assert args.dynamic_sampling == method.startswith("dynamic-")
+    if method == "band-dgpo-kl-0.05":
+        assert (args.dgpo_n, args.dgpo_m, args.delta) == (2, 2.0, None)
+    if method in ("adaptive-band-kl-0.05", "band-dgpo-kl-0.05", "dynamic-band-kl-0.05"):
+        assert "Extension beyond both papers (docs/extensions.md)" in header
 
     # Batch mapping (recipes/README.md): P prompts x G samples per generation, M prompts per optimizer step.
     prompts, samples, mini_batch = PAPER_BATCH[folder]
@@ -168,7 +182,8 @@ def test_recipe_parses_and_matches_its_paper(path):
         assert script_args.dataset_name == ["dapo-math-17k", "math-level3to5"]
         assert (script_args.prompt_template, script_args.reward) == ("dapo", "dapo")
         assert script_args.max_prompt_tokens == 1024
-        assert args.learning_rate == 1e-6 and args.beta == 0.001 and args.delta == 10.0
+        assert args.learning_rate == 1e-6 and args.beta == 0.001
+        assert args.delta == (None if method == "band-dgpo-kl-0.05" else 10.0)
         assert args.use_bias_correction_kl is False
         assert args.max_completion_length == 4096
         assert (args.adam_beta1, args.adam_beta2, args.weight_decay) == (0.9, 0.999, 0.01)

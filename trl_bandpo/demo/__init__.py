@@ -14,6 +14,9 @@ r"""Offline CPU demo: GRPO, Clip-Higher, BandPO and DGPO on a toy arithmetic tas
    ``bandpo``    ``policy_loss="band"``, KL trust region of radius ``--band-radius`` (default 0.02), upper bound
                  capped at 10 (``band_upper_max``, as the BandPO authors trained)
    ``dgpo``      ``policy_loss="dgpo"``, n = 1, m = 2, ε = 0.2/0.2
+   ``adaptive_band`` extension: ``bandpo`` with a per-token radius from the old policy's entropy
+                 (``band_radius_by="entropy"``, radii in [δ/4, 4δ]; docs/extensions.md)
+   ``band_dgpo`` extension: DGPO's decay (n = 1, m = 2) outside the Band bounds of radius ``--band-radius``
    any other     a name of `trl_bandpo.POLICY_LOSSES` (``relaxed_band``, ``dcpo``, ``gppo``, ``ce_gppo``, ``aspo``,
                  ``band``, ``clip``...) with the ε of the BandPO paper's baselines (Section 6.1): 0.2/0.28 for
                  ``relaxed_band``, 0.16/0.2 for ``dcpo``, 0.2/0.2 otherwise

@@ -30,6 +30,23 @@ METHOD_PRESETS: dict[str, dict[str, Any]] = {
         "epsilon_high": 0.2,
     },
     "dgpo": {"label": "DGPO", "policy_loss": "dgpo", "epsilon": 0.2, "epsilon_high": 0.2, "dgpo_n": 1, "dgpo_m": 2.0},
+    # Extensions beyond both papers (docs/extensions.md); their radius comes from ``--band-radius`` too.
+    "adaptive_band": {
+        "label": "Adaptive Band",
+        "policy_loss": "band",
+        "band_divergence": "kl",
+        "band_upper_max": 10.0,
+        "band_radius_by": "entropy",
+        "band_radius_exponent": 1.0,
+    },
+    "band_dgpo": {
+        "label": "Band x DGPO",
+        "policy_loss": "band_dgpo",
+        "band_divergence": "kl",
+        "band_upper_max": 10.0,
+        "dgpo_n": 1,
+        "dgpo_m": 2.0,
+    },
 }
 # ε of the other policy losses when run by their own name, as in the BandPO paper's baselines (Section 6.1);
 # 0.2/0.2 for the ones not listed.
@@ -49,8 +66,10 @@ def method_settings(name: str, band_radius: float) -> dict[str, Any]:
         raise ValueError(
             f"unknown method {name!r}: choose among {list(METHOD_PRESETS)} or a policy loss of {list(POLICY_LOSSES)}."
         )
-    if settings["policy_loss"] in ("band", "relaxed_band"):
+    if settings["policy_loss"] in ("band", "relaxed_band", "band_dgpo"):
         settings["band_radius"] = band_radius
+    if settings.get("band_radius_by") == "entropy":  # radii from delta / 4 to 4 delta, as the extension recipes
+        settings["band_radius_min"], settings["band_radius_max"] = band_radius / 4, band_radius * 4
     return settings
 
 
