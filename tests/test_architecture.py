@@ -39,6 +39,7 @@ LAYERS = {
     "data": 4,
     "rewards": 5,
     "evaluation": 6,
+    "validation": 6,
     "demo": 7,
     "cli": 8,
 }

@@ -59,6 +59,11 @@ BAD_ARGUMENTS = [
     (["--dtype", "fp8"], ["argument --dtype", "'fp8'", "bfloat16"]),
     (["--device", "gpu0"], ["argument --device", "'gpu0'", "'cuda:1'"]),
     (["--device", "cuda:99"], ["argument --device", "'cuda:99'"]),
+    (["--top-k", "0"], ["argument --top-k", "'0'", "integer >= 1"]),
+    (["--scorer", "prime"], ["argument --scorer", "'prime'", "'math_verify', 'dapo', 'strict'"]),
+    (["--scorer", "other=dapo"], ["argument --scorer", "'other' is not a benchmark of this run", "tiny_bench"]),
+    (["--preset", "verl"], ["argument --preset", "'verl'", "'bandpo', 'dgpo'"]),
+    (["--prompt-template", "chat"], ["argument --prompt-template", "'chat'", "'boxed', 'dapo'"]),
     (["--benchmarks", "no-such-benchmark"], ["argument --benchmarks", "'no-such-benchmark'", "aime2024"]),
     (["--benchmarks", "aime2024"], ["argument --benchmarks", "HuggingFaceH4/aime_2024", "aime2024=path/to/file"]),
 ]

@@ -12,10 +12,25 @@ import importlib.util
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from ..evaluation import DTYPES, check_device, check_output_dir, evaluate, load_benchmarks, write_markdown
+from ..data import PROMPT_TEMPLATES
+from ..evaluation import (
+    BEST_LABEL,
+    DTYPES,
+    EVAL_PRESETS,
+    PASS_LABEL,
+    SCORERS,
+    check_device,
+    check_output_dir,
+    evaluate,
+    load_benchmarks,
+    preset_settings,
+    scorers_for,
+    write_markdown,
+)
 
-__all__ = ["build_parser", "eval_main"]
+__all__ = ["DEFAULTS", "build_parser", "eval_main", "resolve_settings"]
 
 
 def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -53,25 +68,95 @@ def _number(
     return parse
 
 
+# The built-in defaults of the flags a preset may set (used when neither the flag nor a preset gives a value).
+DEFAULTS = {
+    "benchmarks": ["aime2024", "aime2025", "amc2023"],
+    "num_samples": 32,
+    "ks": None,
+    "max_new_tokens": 4096,
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "top_k": None,
+    "prompt_template": "boxed",
+    "scorer": "math_verify",
+}
+
+
+def _scorer_entry(text: str) -> tuple[str | None, str]:
+    """An argparse type: ``NAME`` (every benchmark) or ``BENCHMARK=NAME``, NAME one of `SCORERS`."""
+    benchmark, _, name = text.rpartition("=")
+    if name not in SCORERS or (text.count("=") and not benchmark.strip()):
+        raise argparse.ArgumentTypeError(
+            f"invalid value {text!r}: expected one of {list(SCORERS)} or BENCHMARK=one of them"
+        )
+    return (benchmark.strip() or None), name
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trl-bandpo eval",
-        description="Sample completions on math benchmarks and report mean@n and pass@k (math_verify on \\boxed{}).",
+        description="Sample completions on math benchmarks and report mean@n, pass@k (unbiased) and best@k "
+        "(bootstrap, as verl logs). --preset applies a paper's protocol (EVAL_PRESETS); flags given explicitly "
+        "override the preset's values. See docs/evaluation.md.",
     )
     parser.add_argument("--model", required=True, help="model folder or hub id")
     parser.add_argument(
+        "--preset",
+        choices=list(EVAL_PRESETS),
+        default=None,
+        help="apply an evaluation protocol (docs/evaluation.md): bandpo (AIME 2024/2025 + AMC 2023, DAPO prompt, "
+        "32 samples at T=1.0/top-p 1.0, 4,096 new tokens, AIME by the dapo scorer, AMC by math_verify) or dgpo "
+        "(six benchmarks, boxed prompt, 32 samples at T=1.0/top-p 1.0, 8,192 new tokens, strict scorer, pass@1..32). "
+        "Flags given explicitly override the preset's values; results.json records the effective settings.",
+    )
+    parser.add_argument(
         "--benchmarks",
         nargs="+",
-        default=["aime2024", "aime2025", "amc2023"],
-        help="registry names (aime2024 aime2025 amc2023 math500 minerva olympiadbench), local files, or name=path",
+        default=None,
+        help="registry names (aime2024 aime2025 amc2023 math500 minerva olympiadbench aime2024-math-ai "
+        "aime2025-math-ai), local files, or name=path (default: aime2024 aime2025 amc2023, or the preset's)",
     )
-    parser.add_argument("--num-samples", type=_integer(1), default=32, help="completions per problem (n)")
     parser.add_argument(
-        "--ks", type=_integer(1), nargs="+", default=None, help="pass@k values (default: powers of 2 up to n)"
+        "--num-samples",
+        type=_integer(1),
+        default=None,
+        help="completions per problem, n (default: 32, or the preset's)",
     )
-    parser.add_argument("--max-new-tokens", type=_integer(1), default=4096)
-    parser.add_argument("--temperature", type=_number(0.0), default=0.6, help="0: greedy decoding")
-    parser.add_argument("--top-p", type=_number(0.0, 1.0, low_open=True, high_open=False), default=0.95)
+    parser.add_argument(
+        "--ks",
+        type=_integer(1),
+        nargs="+",
+        default=None,
+        help="k of pass@k and best@k (default: powers of 2 up to n, or the preset's ks up to n)",
+    )
+    parser.add_argument("--max-new-tokens", type=_integer(1), default=None, help="default: 4096, or the preset's")
+    parser.add_argument(
+        "--temperature", type=_number(0.0), default=None, help="0: greedy decoding (default: 0.6, or the preset's)"
+    )
+    parser.add_argument(
+        "--top-p",
+        type=_number(0.0, 1.0, low_open=True, high_open=False),
+        default=None,
+        help="default: 0.95, or the preset's",
+    )
+    parser.add_argument(
+        "--top-k", type=_integer(1), default=None, help="sample among the k likeliest tokens (default: no top-k)"
+    )
+    parser.add_argument(
+        "--prompt-template",
+        choices=list(PROMPT_TEMPLATES),
+        default=None,
+        help="boxed: problem + \\boxed{} instruction; dapo: DAPO's 'Answer:' template (default: boxed, or the "
+        "preset's)",
+    )
+    parser.add_argument(
+        "--scorer",
+        type=_scorer_entry,
+        nargs="+",
+        default=None,
+        help=f"answer checker, one of {list(SCORERS)}, for every benchmark, and/or BENCHMARK=NAME for one "
+        "(updates the preset's mapping; default: math_verify, or the preset's)",
+    )
     parser.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto")
     parser.add_argument("--output-dir", default="eval_results")
     parser.add_argument("--seed", type=_integer(0, 2**32 - 1), default=0)
@@ -84,7 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-problems", type=_integer(1), default=None, help="only the first problems of each benchmark"
     )
     parser.add_argument(
-        "--timeout-s", type=_number(0.0, low_open=True), default=2.0, help="math_verify time limit per answer"
+        "--timeout-s",
+        type=_number(0.0, low_open=True),
+        default=None,
+        help="time limit per answer of the math_verify and strict scorers (default: 2 and 10 s)",
     )
     parser.add_argument("--no-samples", action="store_true", help="do not write samples_<benchmark>.jsonl")
     parser.add_argument("--tensor-parallel-size", type=_integer(1), default=None, help="vLLM tensor parallelism")
@@ -98,12 +186,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _merge_scorer(entries: list[tuple[str | None, str]] | None, base: Any) -> Any:
+    """The scorer setting: `base` (the preset's or the default) updated by the --scorer entries; a bare NAME
+    replaces it for every benchmark, ``BENCHMARK=NAME`` sets one benchmark's."""
+    for benchmark, name in entries or ():
+        if benchmark is None:
+            base = name
+        else:
+            base = {**({"*": base} if isinstance(base, str) else base), benchmark: name}
+    return base
+
+
+def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The effective preset-able settings: each flag given explicitly, else the preset's value, else `DEFAULTS`.
+
+    A preset's ks above an explicit --num-samples are dropped. Returns the `evaluate` keywords ``benchmarks``,
+    ``num_samples``, ``ks``, ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``prompt_template``,
+    ``scorer`` and ``preset``.
+    """
+    given = {key: getattr(args, key) for key in DEFAULTS if key != "scorer" and getattr(args, key) is not None}
+    if args.preset is not None:
+        settings = preset_settings(args.preset, **given)
+    else:
+        settings = {**DEFAULTS, **given, "preset": None}
+    settings["scorer"] = _merge_scorer(args.scorer, settings["scorer"])
+    return settings
+
+
+def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, settings: dict[str, Any]) -> None:
     """What argparse cannot check one flag at a time; exits with status 2 (``parser.error``) naming the flag."""
-    too_large = [k for k in args.ks or () if k > args.num_samples]
+    num_samples = settings["num_samples"]
+    too_large = [k for k in settings["ks"] or () if k > num_samples]
     if too_large:
         parser.error(
-            f"argument --ks: invalid value {too_large[0]}: every k must be in [1, --num-samples={args.num_samples}]"
+            f"argument --ks: invalid value {too_large[0]}: every k must be in [1, --num-samples={num_samples}]"
         )
     if args.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         parser.error(
@@ -118,18 +234,38 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
                 parser.error(f"argument {flag}: invalid value: {err}")
 
 
-def eval_main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``trl-bandpo eval ...``); prints the Markdown table and returns 0.
+def _check_scorers(parser: argparse.ArgumentParser, args: argparse.Namespace, scorer: Any, names: list[str]) -> None:
+    """Every benchmark has a scorer, and every BENCHMARK=NAME of --scorer names a benchmark of this run."""
+    from ..data import resolve_dataset_name
 
-    Bad arguments, and benchmarks that cannot be loaded, exit with status 2 before the model is loaded.
+    known = set(names) | {resolve_dataset_name(name) or name for name in names}
+    for benchmark, _ in args.scorer or ():
+        if benchmark is not None and (resolve_dataset_name(benchmark) or benchmark) not in known:
+            parser.error(f"argument --scorer: {benchmark!r} is not a benchmark of this run (benchmarks: {names})")
+    try:
+        scorers_for(scorer, names, argument="--scorer")
+    except ValueError as err:
+        parser.error(f"argument {err}")
+
+
+def eval_main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (``trl-bandpo eval ...``); prints the Markdown tables and returns 0.
+
+    ``--preset`` fills every preset-able flag not given explicitly (`resolve_settings`); results.json records the
+    effective settings and the preset's name. Bad arguments, and benchmarks that cannot be loaded, exit with status
+    2 before the model is loaded.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    _check_arguments(parser, args)
+    settings = resolve_settings(args)
+    _check_arguments(parser, args, settings)
     try:
-        benchmarks = load_benchmarks(args.benchmarks, max_problems=args.max_problems)
+        benchmarks = load_benchmarks(
+            settings.pop("benchmarks"), max_problems=args.max_problems, prompt_template=settings["prompt_template"]
+        )
     except (ValueError, ConnectionError) as err:
         parser.error(f"argument --benchmarks: {err}")
+    _check_scorers(parser, args, settings["scorer"], list(benchmarks))
     vllm_kwargs = {
         key: value
         for key, value in (
@@ -142,11 +278,7 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     results = evaluate(
         args.model,
         benchmarks,
-        num_samples=args.num_samples,
-        ks=args.ks,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
+        **settings,
         backend=args.backend,
         output_dir=args.output_dir,
         seed=args.seed,
@@ -158,6 +290,8 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
         save_samples=not args.no_samples,
         vllm_kwargs=vllm_kwargs,
     )
-    print(write_markdown(results["benchmarks"], results["settings"]["ks"], args.num_samples), end="")
+    ks, n = results["settings"]["ks"], results["settings"]["num_samples"]
+    print(f"{PASS_LABEL}\n" + write_markdown(results["benchmarks"], ks, n), end="")
+    print(f"{BEST_LABEL}\n" + write_markdown(results["benchmarks"], ks, n, estimator="best"), end="")
     print(f"Wrote {Path(args.output_dir) / 'results.json'} and results.md")
     return 0

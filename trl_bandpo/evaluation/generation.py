@@ -10,16 +10,17 @@ import importlib.util
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["Generator", "load_generator", "resolve_backend"]
+__all__ = ["Generator", "load_generator", "render_prompt", "resolve_backend"]
 
 
-def _render_prompt(tokenizer, prompt: Any) -> str:
-    """Chat-template text for a conversational prompt (plain text is used as is)."""
+def render_prompt(tokenizer, prompt: Any, **template_kwargs: Any) -> str:
+    """Chat-template text (with the generation prompt) for a conversational prompt; plain text is used as is.
+    `template_kwargs` go to ``apply_chat_template`` (e.g. a trainer's ``chat_template_kwargs``)."""
     if isinstance(prompt, str):
         return prompt
     messages = [dict(m) for m in prompt]
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_kwargs)
     return "\n".join(m["content"] for m in messages) + "\n"
 
 
@@ -36,18 +37,22 @@ def _vllm_generator(
     seed: int,
     dtype: str,
     vllm_kwargs: Mapping[str, Any],
+    top_k: int | None = None,
 ) -> Generator:
     """One vLLM engine; each call samples `num_samples` completions per prompt (``SamplingParams(n=num_samples)``)."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=model, seed=seed, dtype=dtype, **dict(vllm_kwargs))
     tokenizer = llm.get_tokenizer()
-    params = SamplingParams(n=num_samples, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed)
+    extra = {} if top_k is None else {"top_k": top_k}  # vLLM's default is no top-k
+    params = SamplingParams(
+        n=num_samples, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed, **extra
+    )
 
     def generate(prompts: list[Any]) -> list[list[str]]:
         # The chat template already writes any BOS token: hand vLLM token ids so it adds none of its own.
         token_prompts = [
-            {"prompt_token_ids": tokenizer(_render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"]}
+            {"prompt_token_ids": tokenizer(render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"]}
             for p in prompts
         ]
         return [[choice.text for choice in output.outputs] for output in llm.generate(token_prompts, params)]
@@ -65,6 +70,7 @@ def _transformers_generator(
     dtype: str,
     batch_size: int,
     device: str | None,
+    top_k: int | None = None,
 ) -> Generator:
     """One model; each call samples with ``model.generate`` (left padding, ``num_return_sequences``)."""
     import torch
@@ -81,11 +87,11 @@ def _transformers_generator(
     # Plain temperature / top-p sampling, as vLLM does: override top_k / repetition_penalty that a model's
     # generation_config.json may set (Qwen instruct models ship top_k=20, repetition_penalty=1.05).
     sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p}
-    sampling.update(top_k=0, repetition_penalty=1.0)
+    sampling.update(top_k=top_k or 0, repetition_penalty=1.0)  # top_k 0: none
     torch.manual_seed(seed)
 
     def generate(prompts: list[Any]) -> list[list[str]]:
-        texts = [_render_prompt(tokenizer, p) for p in prompts]
+        texts = [render_prompt(tokenizer, p) for p in prompts]
         batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         with torch.inference_mode():
             output = model.generate(
@@ -110,18 +116,21 @@ def load_generator(backend: str, model: str, settings: Mapping[str, Any]) -> tup
         backend: "vllm" or "transformers" (see `resolve_backend`).
         model: model folder or hub id.
         settings: ``num_samples``, ``max_new_tokens``, ``temperature``, ``top_p``, ``seed``, ``dtype``,
-            ``batch_size``, ``device`` and ``vllm_kwargs``, as checked by `trl_bandpo.evaluation.evaluate`.
+            ``batch_size``, ``device``, ``vllm_kwargs`` and optionally ``top_k`` (None: no top-k), as checked by
+            `trl_bandpo.evaluation.evaluate`.
 
     Returns:
         ``(generate, prompts_per_call)``: `generate` maps a list of prompts to their completions; each call should
         hold at most `prompts_per_call` prompts (None: any number; vLLM schedules a whole benchmark itself).
     """
     common = [settings[key] for key in ("num_samples", "max_new_tokens", "temperature", "top_p", "seed", "dtype")]
+    top_k = settings.get("top_k")
     if backend == "vllm":
-        return _vllm_generator(model, *common, settings["vllm_kwargs"]), None
+        return _vllm_generator(model, *common, settings["vllm_kwargs"], top_k=top_k), None
     samples_per_call = 1 if settings["temperature"] == 0 else settings["num_samples"]
     prompts_per_call = max(1, settings["batch_size"] // samples_per_call)
-    return _transformers_generator(model, *common, settings["batch_size"], settings["device"]), prompts_per_call
+    generate = _transformers_generator(model, *common, settings["batch_size"], settings["device"], top_k=top_k)
+    return generate, prompts_per_call
 
 
 def resolve_backend(backend: str) -> str:

@@ -1,8 +1,15 @@
-r"""mean@n and the unbiased pass@k estimator from per-sample correctness, and the Markdown table of results.
+r"""mean@n and two pass@k estimators from per-sample correctness, and the Markdown tables of results.
 
 * ``mean@n``: mean accuracy over all n samples of all problems (the papers' "Avg@32" / "mean@32"),
-* ``pass@k``: the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` averaged over problems (c = correct samples of the
-  problem; Chen et al., 2021, "Evaluating Large Language Models Trained on Code"). pass@1 equals mean@n.
+* ``pass@k`` (`PASS_LABEL`): the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` averaged over problems (c = correct
+  samples of the problem; Chen et al., 2021, "Evaluating Large Language Models Trained on Code"): the probability
+  that k samples drawn WITHOUT replacement from the n hold a correct one. pass@1 equals mean@n, pass@n is the share
+  of problems solved at least once.
+* ``best@k`` (`BEST_LABEL`): verl's bootstrap "best@k/mean" (``verl.trainer.ppo.metric_utils``,
+  ``process_validation_metrics``), which the BandPO authors' validation logs report: the expected best score of k
+  samples drawn WITH replacement from the n. For 0/1 scores that is ``1 - (1 - c/n)^k`` (`best_at_k`); verl
+  estimates it from 1,000 seeded resamples. It is lower than pass@k for k > 1 (1 correct of 32: pass@32 = 1,
+  best@32 = 0.638). docs/evaluation.md compares the two.
 """
 
 from __future__ import annotations
@@ -10,7 +17,21 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["default_ks", "mean_accuracy", "pass_at_k", "summarize_correctness", "write_markdown"]
+__all__ = [
+    "BEST_LABEL",
+    "PASS_LABEL",
+    "best_at_k",
+    "bootstrap_best_at_k",
+    "default_ks",
+    "mean_accuracy",
+    "pass_at_k",
+    "summarize_correctness",
+    "write_markdown",
+]
+
+#: How results label the two estimators.
+PASS_LABEL = "pass@k (unbiased)"
+BEST_LABEL = "best@k (bootstrap, as verl logs)"
 
 
 def _check_count(name: str, value: Any, minimum: int) -> int:
@@ -41,6 +62,37 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - failure
 
 
+def _check_nck(n: int, c: int, k: int) -> None:
+    _check_count("n", n, 1)
+    _check_count("c", c, 0)
+    _check_count("k", k, 1)
+    if c > n:
+        raise ValueError(f"c must be <= n, got c={c}, n={n}")
+
+
+def best_at_k(n: int, c: int, k: int) -> float:
+    """verl's bootstrap best@k of 0/1 scores in closed form: ``1 - (1 - c/n)^k``.
+
+    The expected value, over resamples of `k` samples drawn WITH replacement from `n` samples of which `c` are
+    correct, of "at least one resampled sample is correct" (verl's ``best@k/mean``, which averages 1,000 seeded
+    resamples instead). `k` may exceed `n`. Requires ``0 <= c <= n`` and ``k >= 1``.
+    """
+    _check_nck(n, c, k)
+    return 1.0 - (1.0 - c / n) ** k
+
+
+def bootstrap_best_at_k(n: int, c: int, k: int, resamples: int = 1000, seed: int = 42) -> float:
+    """verl's estimate of `best_at_k`: the mean, over `resamples` seeded resamples of `k` samples drawn with
+    replacement from the n (c correct, n - c wrong), of the best score. For checks; `best_at_k` is exact."""
+    import random
+
+    _check_nck(n, c, k)
+    _check_count("resamples", resamples, 1)
+    rng = random.Random(seed)
+    hits = sum(any(rng.randrange(n) < c for _ in range(k)) for _ in range(resamples))
+    return hits / resamples
+
+
 def mean_accuracy(n: int, c: int) -> float:
     """Fraction of correct samples, ``c / n`` (one problem's mean@n)."""
     _check_count("n", n, 1)
@@ -68,7 +120,9 @@ def summarize_correctness(correct: Sequence[Sequence[bool]], ks: Sequence[int]) 
 
     Returns:
         ``{"problems": P, "samples_per_problem": n, "mean@n": float, "pass@k": float for k in ks,
-        "correct_per_problem": [c_1, ..., c_P]}``; metrics are averaged over problems and lie in [0, 1].
+        "best@k": float for k in ks, "correct_per_problem": [c_1, ..., c_P]}``: ``pass@k`` is the unbiased
+        estimator (`pass_at_k`), ``best@k`` verl's bootstrap estimate in closed form (`best_at_k`); metrics are
+        averaged over problems and lie in [0, 1].
     """
     if len(correct) == 0:
         raise ValueError("correct must hold at least one problem")
@@ -85,14 +139,21 @@ def summarize_correctness(correct: Sequence[Sequence[bool]], ks: Sequence[int]) 
     summary[f"mean@{n}"] = sum(mean_accuracy(n, c) for c in counts) / len(counts)
     for k in ks:
         summary[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in counts) / len(counts)
+    for k in ks:
+        summary[f"best@{k}"] = sum(best_at_k(n, c, k) for c in counts) / len(counts)
     summary["correct_per_problem"] = counts
     return summary
 
 
-def write_markdown(results: Mapping[str, Mapping[str, Any]], ks: Sequence[int], num_samples: int) -> str:
-    """A Markdown table (percentages): benchmark, problems, mean@n, pass@k for each k; an average row if > 1."""
+def write_markdown(
+    results: Mapping[str, Mapping[str, Any]], ks: Sequence[int], num_samples: int, estimator: str = "pass"
+) -> str:
+    """A Markdown table (percentages): benchmark, problems, mean@n, and pass@k (`estimator="pass"`, the unbiased
+    estimator) or best@k (`estimator="best"`, verl's bootstrap) for each k; an average row if > 1 benchmark."""
+    if estimator not in ("pass", "best"):
+        raise ValueError(f"estimator must be one of ['pass', 'best'], got {estimator!r}")
     mean_key = f"mean@{num_samples}"
-    columns = [mean_key] + [f"pass@{k}" for k in ks]
+    columns = [mean_key] + [f"{estimator}@{k}" for k in ks]
     lines = [
         "| Benchmark | Problems | " + " | ".join(columns) + " |",
         "|---|---:|" + "---:|" * len(columns),

@@ -1,0 +1,136 @@
+r"""Evaluation protocols of the two papers as presets of `trl_bandpo.evaluation.evaluate` and ``trl-bandpo eval``.
+
+`EVAL_PRESETS` maps a preset name to its settings; ``sources`` says where each value comes from (docs/evaluation.md
+shows them as tables). `preset_settings` turns a preset into `evaluate` keyword arguments, with explicit values
+winning over the preset's.
+
+* ``"bandpo"``: the BandPO paper's validation (arXiv:2603.04918, §4 "Experimental Setup") as the authors' public
+  verl scripts run it: AIME 2024, AIME 2025 and AMC 2023 in DAPO's "Answer:" prompt template, 32 samples at
+  temperature 1.0 and top-p 1.0 without top-k, 4,096 new tokens; AIME scored by verl's ``math_dapo`` rule (the
+  ``"dapo"`` scorer), AMC by a boxed-answer check (verl's ``math_reward`` there, ``"math_verify"`` here).
+* ``"dgpo"``: the DGPO paper's evaluation (arXiv:2603.14389, §5.1 and Appendices B-C): AIME24/25 (math-ai copies),
+  AMC23, MATH500, Minerva and OlympiadBench, Avg@32, Pass@32 and Pass@k for k = 1..32, 8,192 new tokens, scored by
+  the conservative ``prime_math`` rules (the ``"strict"`` scorer). The paper states temperature 1.0 and top-p 1.0
+  for rollout generation and no separate evaluation sampling; the preset uses the same values (our choice), no
+  top-k, and the boxed prompt (also our choice: ``prime_math`` grades the last ``\boxed{}``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+__all__ = ["EVAL_PRESETS", "PRESET_SETTINGS", "get_preset", "preset_settings"]
+
+_BANDPO = "BandPO (arXiv:2603.04918)"
+_BANDPO_SCRIPTS = "the BandPO authors' verl scripts (github.com/OpenMOSS/BandPO, RLtraining/verl/baselinescripts)"
+_DGPO = "DGPO (arXiv:2603.14389)"
+
+#: Preset name -> settings. ``top_k`` None means no top-k; ``scorer`` is a name or a mapping benchmark -> name.
+EVAL_PRESETS: dict[str, dict[str, Any]] = {
+    "bandpo": {
+        "description": (
+            "BandPO's validation protocol: AIME 2024, AIME 2025 and AMC 2023 in DAPO's prompt template, 32 samples "
+            "at temperature 1.0 / top-p 1.0 without top-k, 4,096 new tokens; AIME scored by the DAPO 'Answer:' rule, "
+            "AMC by boxed-answer equivalence, as the authors' verl validation did (mean@32 and pass@32 reported)."
+        ),
+        "benchmarks": ["aime2024", "aime2025", "amc2023"],
+        "prompt_template": "dapo",
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": None,
+        "num_samples": 32,
+        "max_new_tokens": 4096,
+        "scorer": {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "math_verify"},
+        "ks": [1, 2, 4, 8, 16, 32],
+        "sources": {
+            "benchmarks": f"{_BANDPO}, §4: validated on AMC 2023, AIME 2024, AIME 2025; {_BANDPO_SCRIPTS}: "
+            "data.val_files",
+            "prompt_template": f"{_BANDPO_SCRIPTS}: the benchmark conversion scripts (data/dataset/*_dapo) wrap "
+            "every problem in DAPO's template",
+            "temperature": f"{_BANDPO}, §4: sampling temperature 1.0; scripts: rollout.val_kwargs.temperature=1.0",
+            "top_p": f"{_BANDPO}, §4: top-p 1.0; scripts: rollout.val_kwargs.top_p=1.0",
+            "top_k": f"{_BANDPO_SCRIPTS}: rollout.val_kwargs.top_k=-1 (none)",
+            "num_samples": f"{_BANDPO}, §4: mean@32 and pass@32; scripts: rollout.val_kwargs.n=32",
+            "max_new_tokens": f"{_BANDPO_SCRIPTS}: data.max_response_length=4096 (the '-L4k' runs)",
+            "scorer": f"{_BANDPO_SCRIPTS}: AIME rows have data_source 'aime_*', scored by verl's math_dapo; AMC rows "
+            "'lighteval/MATH', scored by verl's math_reward (last \\boxed{} answer)",
+            "ks": "powers of two up to 32: verl logs best@2..best@32, the paper reports pass@32",
+        },
+    },
+    "dgpo": {
+        "description": (
+            "DGPO's evaluation protocol: AIME24/AIME25 (math-ai copies), AMC23, MATH500, Minerva and OlympiadBench, "
+            "32 samples, 8,192 new tokens, Avg@32, Pass@32 and Pass@k for k = 1..32, scored by the conservative "
+            "prime_math rules. The paper states temperature 1.0 / top-p 1.0 for rollout generation but no separate "
+            "evaluation sampling: the preset uses the same values (our choice), no top-k and the boxed prompt (our "
+            "choice; prime_math grades the last \\boxed{} answer)."
+        ),
+        "benchmarks": ["aime2024-math-ai", "aime2025-math-ai", "amc2023", "math500", "minerva", "olympiadbench"],
+        "prompt_template": "boxed",
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": None,
+        "num_samples": 32,
+        "max_new_tokens": 8192,
+        "scorer": "strict",
+        "ks": list(range(1, 33)),
+        "sources": {
+            "benchmarks": f"{_DGPO}, §5.1 and Appendix B.2 (AIME24, AIME25, AMC23, MATH500, Minerva, "
+            "OlympiadBench); AIME from math-ai/aime24 and math-ai/aime25",
+            "prompt_template": "not stated in the paper; our choice: the boxed prompt, since prime_math grades the "
+            "last \\boxed{} answer",
+            "temperature": f"{_DGPO}, Appendix B.4 'Common Configurations': rollout temperature 1.0; the paper states "
+            "no separate evaluation temperature, we use the same",
+            "top_p": f"{_DGPO}, Appendix B.4 'Common Configurations': rollout top-p 1.0; used for evaluation too",
+            "top_k": "not stated in the paper; our choice: none",
+            "num_samples": f"{_DGPO}, §5.1: Avg@32 and Pass@32",
+            "max_new_tokens": f"{_DGPO}, Appendix B.2: maximum response length 8192",
+            "scorer": f"{_DGPO}, §5.1: 'a conservative method prime_math is used for evaluation'",
+            "ks": f"{_DGPO}, §5.2 and Appendix C.3: Pass@K for K = 1..32",
+        },
+    },
+}
+
+#: The keys of a preset that are `evaluate` settings (the rest describe it).
+PRESET_SETTINGS = (
+    "benchmarks",
+    "prompt_template",
+    "temperature",
+    "top_p",
+    "top_k",
+    "num_samples",
+    "max_new_tokens",
+    "scorer",
+    "ks",
+)
+
+
+def get_preset(name: str, argument: str = "preset") -> dict[str, Any]:
+    """A deep copy of `EVAL_PRESETS[name]`; ValueError naming `argument`, the value and the presets otherwise."""
+    if not isinstance(name, str) or name not in EVAL_PRESETS:
+        raise ValueError(f"{argument} must be one of {list(EVAL_PRESETS)}, got {name!r}")
+    return copy.deepcopy(EVAL_PRESETS[name])
+
+
+def preset_settings(name: str, **overrides: Any) -> dict[str, Any]:
+    """`evaluate` keyword arguments of preset `name`; `overrides` (any `evaluate` keyword) win over its values.
+
+    The preset's ``ks`` above an overriding ``num_samples`` are dropped (the preset's pass@k stop at num_samples).
+    ``preset=name`` is included, so that results.json records it.
+
+    Example:
+
+    ```python
+    >>> settings = preset_settings("bandpo", max_new_tokens=1024)
+    >>> settings["temperature"], settings["max_new_tokens"], settings["preset"]
+    (1.0, 1024, 'bandpo')
+    ```
+    """
+    preset = get_preset(name)
+    settings = {key: preset[key] for key in PRESET_SETTINGS}
+    if "num_samples" in overrides and "ks" not in overrides and isinstance(overrides["num_samples"], int):
+        settings["ks"] = [k for k in settings["ks"] if k <= overrides["num_samples"]] or None
+    settings.update(overrides)
+    settings["preset"] = name
+    return settings

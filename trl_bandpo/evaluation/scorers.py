@@ -1,0 +1,129 @@
+r"""Answer checkers by name, and the resolution of a ``scorer`` setting to one checker per benchmark.
+
+Three checkers are registered in `SCORERS` (docs/evaluation.md compares them with verl's):
+
+* ``"math_verify"``: the last ``\boxed{}`` answer, compared with `math_verify` after a conservative string check
+  (`trl_bandpo.rewards.score_completions`; the training reward's rule);
+* ``"dapo"``: the last ``Answer: ...`` line, compared as a normalised string, the rules of verl's ``math_dapo``
+  reward (`trl_bandpo.dapo_scorer.score_dapo_completions`), which the BandPO authors validated AIME with;
+* ``"strict"``: the last ``\boxed{}`` answer under the conservative rules of verl's ``prime_math`` grader
+  (`trl_bandpo.strict_grader.strict_scores`), which the DGPO paper (arXiv:2603.14389, §5.1) evaluates with.
+
+A ``scorer`` setting is one name (every benchmark) or a mapping benchmark -> name (e.g. AIME by ``"dapo"`` and AMC
+by ``"math_verify"``, as the BandPO authors' verl validation did); `check_scorer` checks it before anything is
+loaded, and `scorers_for` gives each loaded benchmark its checker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["DEFAULT_TIMEOUTS", "SCORERS", "check_scorer", "parse_scorer", "score", "scorers_for"]
+
+#: Scorer name -> one line on what it accepts.
+SCORERS: dict[str, str] = {
+    "math_verify": "last \\boxed{} answer, math_verify equivalence (the training reward's rule)",
+    "dapo": "last 'Answer: ...' line, normalised string equality (verl math_dapo)",
+    "strict": "last \\boxed{} answer, conservative prime_math rules (verl prime_math)",
+}
+
+#: Default wall-clock limit per answer of each scorer (seconds); ``"dapo"`` is pure string work and takes none.
+DEFAULT_TIMEOUTS: dict[str, float | None] = {"math_verify": 2.0, "dapo": None, "strict": 10.0}
+
+
+def _benchmark_key(name: str) -> str:
+    """The registry name of `name` when it is one (aliases such as ``aime24`` included), else `name` itself."""
+    from ..data import resolve_dataset_name
+
+    return resolve_dataset_name(name) or name
+
+
+def check_scorer(scorer: Any, argument: str = "scorer") -> str | dict[str, str]:
+    """Return `scorer` (a name of `SCORERS`, or a non-empty mapping benchmark -> name) with mapping keys resolved to
+    registry names; ValueError naming `argument`, the value and the allowed names otherwise.
+
+    A mapping may hold the key ``"*"``: the scorer of every benchmark it does not name.
+    """
+    allowed = list(SCORERS)
+    if isinstance(scorer, str):
+        if scorer not in SCORERS:
+            raise ValueError(
+                f"{argument} must be one of {allowed} (or a mapping benchmark -> one of them), got {scorer!r}"
+            )
+        return scorer
+    if not isinstance(scorer, Mapping) or not scorer:
+        raise ValueError(
+            f"{argument} must be one of {allowed} or a non-empty mapping benchmark -> one of them, got {scorer!r}"
+        )
+    resolved: dict[str, str] = {}
+    for benchmark, name in scorer.items():
+        if not isinstance(benchmark, str) or not benchmark.strip():
+            raise ValueError(f"{argument}: every key must be a benchmark name, got {benchmark!r}")
+        if not isinstance(name, str) or name not in SCORERS:
+            raise ValueError(f"{argument}[{benchmark!r}] must be one of {allowed}, got {name!r}")
+        resolved[benchmark if benchmark == "*" else _benchmark_key(benchmark.strip())] = name
+    return resolved
+
+
+def parse_scorer(scorer: Any) -> Any:
+    """A scorer setting written as text: ``"bench=name,bench2=name2"`` becomes a mapping (a recipe field or a flag
+    can hold it); anything else is returned as it is (check it with `check_scorer`)."""
+    if isinstance(scorer, str) and "=" in scorer:
+        pairs = [part.partition("=") for part in scorer.split(",") if part.strip()]
+        return {bench.strip(): name.strip() for bench, _, name in pairs}
+    return scorer
+
+
+def scorers_for(
+    scorer: str | Mapping[str, str], benchmarks: Sequence[str], argument: str = "scorer"
+) -> dict[str, str]:
+    """The scorer name of each benchmark in `benchmarks` under the checked setting `scorer` (see `check_scorer`).
+
+    Raises:
+        ValueError: a mapping that names neither a benchmark nor ``"*"``; the message names `argument`, the
+            benchmark and what the mapping holds.
+    """
+    scorer = check_scorer(scorer, argument)
+    if isinstance(scorer, str):
+        return dict.fromkeys(benchmarks, scorer)
+    chosen = {}
+    for name in benchmarks:
+        found = scorer.get(name, scorer.get(_benchmark_key(name), scorer.get("*")))
+        if found is None:
+            raise ValueError(
+                f"{argument} has no scorer for benchmark {name!r} (it names {sorted(scorer)}): add {name}=NAME with "
+                f"NAME one of {list(SCORERS)}, or give one scorer name for every benchmark"
+            )
+        chosen[name] = found
+    return chosen
+
+
+def score(
+    name: str, completions: Sequence[Any], solutions: Sequence[Any], timeout_s: float | None = None
+) -> list[bool]:
+    """Correctness of each completion under scorer `name`.
+
+    Args:
+        name: a name of `SCORERS`.
+        completions / solutions: N model outputs and their N ground-truth answers.
+        timeout_s: wall-clock limit per answer for ``"math_verify"`` and ``"strict"`` (None: `DEFAULT_TIMEOUTS`);
+            ``"dapo"`` ignores it.
+
+    Returns:
+        N booleans.
+    """
+    check_scorer(name)
+    if timeout_s is None:
+        timeout_s = DEFAULT_TIMEOUTS[name]
+    if name == "math_verify":
+        from ..rewards import score_completions
+
+        return score_completions(completions, solutions, timeout_s=timeout_s)
+    if name == "dapo":
+        from ..dapo_scorer import score_dapo_completions
+
+        return list(score_dapo_completions(completions, solutions))
+    from ..strict_grader import strict_scores
+
+    return list(strict_scores(completions, solutions, timeout_s=timeout_s))

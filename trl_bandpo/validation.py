@@ -1,0 +1,387 @@
+r"""Validation during training: mean@k and pass@k of the current policy on held-out benchmarks every few steps.
+
+Both papers validate while training: the BandPO authors' verl runs (arXiv:2603.04918; ``trainer.test_freq=5``)
+sample 32 completions per AIME/AMC problem every 5 optimizer steps and log ``mean@32``; the DGPO paper
+(arXiv:2603.14389, §5.2) plots Avg@32 on AIME24/25 over training. `ValidationCallback` does the same in a TRL run:
+on ``on_step_end`` every `every_steps` optimizer steps (and, by default, at the last step) it samples with the
+current policy, scores the samples with a named scorer (`trl_bandpo.evaluation.scorers`) and logs
+``val/<benchmark>/mean@<n>``, ``val/<benchmark>/pass@<k>`` (unbiased) and ``val/<benchmark>/best@<k>`` (verl's
+bootstrap) through the trainer's logging, so they land in ``state.log_history`` and every ``report_to``
+integration.
+
+* **Sampling.** With vLLM (the trainer's ``use_vllm``) the trainer's own engine is reused: colocate mode with
+  tensor parallelism 1 and no sleep mode, or server mode (the main process asks the server for every problem).
+  Weights are pushed to the engine first when it does not hold the current step's. Other vLLM set-ups (colocate
+  with ``vllm_tensor_parallel_size > 1`` or ``vllm_enable_sleep_mode``) fall back to ``generate`` on the trainer's
+  model, as does a trainer without vLLM: the model in eval mode, without gradients, its train mode restored.
+* **Several processes.** Each process samples and scores a shard of the problems (every process makes the same
+  number of ``generate`` calls, as ZeRO-3 and FSDP need); the per-problem correct counts are summed over the
+  processes before the metrics are computed, so every process logs the same values.
+* **Reproducibility.** Sampling is seeded from ``seed``, the step and the process, inside ``torch.random.fork_rng``:
+  the trainer's random number generators are left exactly as they were.
+
+The callback needs its trainer (its model, engine and logger): `ValidationCallback.attach` registers it.
+`validation_callback_from_settings` builds one from a recipe's fields (None when no benchmark is named).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from transformers import TrainerCallback
+
+from .evaluation.checks import check_sampling
+from .evaluation.generation import render_prompt
+from .evaluation.scorers import check_scorer, parse_scorer, score, scorers_for
+from .evaluation.summary import _check_count, best_at_k, pass_at_k
+
+__all__ = ["RECIPE_FIELDS", "ValidationCallback", "validation_callback_from_settings"]
+
+#: How `validation_callback_from_settings` names each argument in messages: the recipe fields.
+RECIPE_FIELDS = {
+    "benchmarks": "val_benchmarks",
+    "every_steps": "val_every_steps",
+    "num_samples": "val_num_samples",
+    "scorer": "val_scorer",
+    "max_new_tokens": "val_max_new_tokens",
+}
+_BACKENDS = ("auto", "vllm", "transformers")
+
+
+def _vllm_engine(trainer) -> str | None:
+    """The mode, "colocate" or "server", when the trainer's vLLM engine can be reused for validation, else None."""
+    engine = getattr(trainer, "vllm_generation", None)
+    if not getattr(trainer, "use_vllm", False) or engine is None:
+        return None
+    if engine.mode == "server":
+        return "server"
+    if engine.mode == "colocate" and engine.tensor_parallel_size == 1 and not engine.enable_sleep_mode:
+        return "colocate"
+    return None
+
+
+class ValidationCallback(TrainerCallback):
+    r"""Sample the current policy on validation benchmarks every `every_steps` optimizer steps and log mean@k.
+
+    Args:
+        benchmarks (`list[str]`, `str` or `dict`):
+            Registry names, local files or ``name=path`` entries, or a mapping name -> Dataset/path (see
+            `trl_bandpo.data.load_eval_benchmarks`); loaded, and checked, when the callback is built.
+        every_steps (`int`, *optional*, defaults to `5`):
+            Validate when ``state.global_step`` is a multiple of it (the BandPO authors' ``test_freq``).
+        num_samples (`int`, *optional*, defaults to `32`):
+            Completions per problem (n of mean@n).
+        scorer (`str` or `dict`, *optional*, defaults to `"math_verify"`):
+            A name of `trl_bandpo.evaluation.SCORERS`, or a mapping benchmark -> name (key ``"*"``: the others).
+        max_new_tokens (`int`, *optional*, defaults to `4096`):
+            Generation budget per completion.
+        temperature, top_p (`float`, *optional*, default to `1.0`):
+            Sampling settings (both papers sample at 1.0 / 1.0). temperature 0 decodes greedily.
+        prompt_template (`str`, *optional*, defaults to `"boxed"`):
+            "boxed" or "dapo" (the BandPO authors validate with DAPO's template and score AIME with ``"dapo"``).
+        max_problems (`int`, *optional*):
+            Keep only the first problems of each benchmark.
+        backend (`str`, *optional*, defaults to `"auto"`):
+            "auto" (the trainer's vLLM engine when it can be reused, see the module, else ``generate``), "vllm"
+            (an error when the engine cannot be reused) or "transformers".
+        top_k (`int`, *optional*):
+            Top-k sampling (None: none).
+        ks (`list[int]`, *optional*):
+            k of the logged pass@k and best@k (default: ``[num_samples]``).
+        batch_size (`int`, *optional*, defaults to `64`):
+            Sequences per ``generate`` call (transformers path).
+        seed (`int`, *optional*, defaults to `0`):
+            Base seed of the validation sampler (combined with the step and the process).
+        at_start, at_end (`bool`, *optional*, default to `False` / `True`):
+            Also validate before the first step (verl's ``val_before_train``) / at the last step.
+        timeout_s (`float`, *optional*):
+            Limit per answer of the ``"math_verify"`` and ``"strict"`` scorers (None: their defaults).
+        trainer (`transformers.Trainer`, *optional*):
+            Attach to this trainer at once (see `attach`).
+        argument_names (`dict[str, str]`, *optional*):
+            How messages name each argument (e.g. `RECIPE_FIELDS`).
+    """
+
+    def __init__(
+        self,
+        benchmarks: Sequence[str] | str | Mapping[str, Any],
+        every_steps: int = 5,
+        num_samples: int = 32,
+        scorer: str | Mapping[str, str] = "math_verify",
+        max_new_tokens: int = 4096,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        prompt_template: str = "boxed",
+        max_problems: int | None = None,
+        backend: str = "auto",
+        *,
+        top_k: int | None = None,
+        ks: Sequence[int] | None = None,
+        batch_size: int = 64,
+        seed: int = 0,
+        at_start: bool = False,
+        at_end: bool = True,
+        timeout_s: float | None = None,
+        trainer=None,
+        argument_names: Mapping[str, str] | None = None,
+    ):
+        from .data.prompts import check_prompt_template
+        from .evaluation import load_benchmarks
+
+        names = dict(argument_names or {})
+
+        def name(key: str) -> str:
+            return names.get(key, key)
+
+        _check_count(name("every_steps"), every_steps, 1)
+        self.ks = check_sampling(
+            num_samples, [num_samples] if ks is None else ks, max_new_tokens, temperature, top_p, top_k, names
+        )
+        if max_problems is not None:
+            _check_count(name("max_problems"), max_problems, 1)
+        _check_count(name("batch_size"), batch_size, 1)
+        _check_count(name("seed"), seed, 0)
+        if backend not in _BACKENDS:
+            raise ValueError(f"{name('backend')} must be one of {list(_BACKENDS)}, got {backend!r}")
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not 0 < timeout_s < math.inf):
+            raise ValueError(f"{name('timeout_s')} must be None or a finite number of seconds > 0, got {timeout_s!r}")
+        check_prompt_template(prompt_template, name("prompt_template"))
+        scorer = check_scorer(scorer, name("scorer"))
+        if not benchmarks:
+            raise ValueError(f"{name('benchmarks')} must name at least one benchmark, got {benchmarks!r}")
+        try:
+            loaded = load_benchmarks(benchmarks, max_problems=max_problems, prompt_template=prompt_template)
+        except (ValueError, ConnectionError) as err:
+            raise type(err)(f"{name('benchmarks')}: {err}") from None
+        self.scorers = scorers_for(scorer, list(loaded), name("scorer"))
+        self.problems = {bench: (list(d["prompt"]), list(d["solution"])) for bench, d in loaded.items()}
+        self.every_steps, self.num_samples, self.max_new_tokens = every_steps, num_samples, max_new_tokens
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.prompt_template, self.max_problems = prompt_template, max_problems
+        self.batch_size, self.seed = batch_size, seed
+        self.at_start, self.at_end, self.timeout_s, self.backend = at_start, at_end, timeout_s, backend
+        self.trainer, self.engine, self.last_step = None, None, None
+        if trainer is not None:
+            self.attach(trainer)
+
+    # -- wiring ----------------------------------------------------------------------------------------------------
+
+    def attach(self, trainer) -> ValidationCallback:
+        """Give the callback its trainer and register it there (``trainer.add_callback``) if it is not yet.
+
+        Raises:
+            ValueError: ``backend="vllm"`` while the trainer's vLLM engine cannot be reused (see the module).
+        """
+        engine = _vllm_engine(trainer)
+        if self.backend == "vllm" and engine is None:
+            raise ValueError(
+                "backend='vllm' needs the trainer's vLLM engine in server mode, or in colocate mode with "
+                "vllm_tensor_parallel_size=1 and no sleep mode; use backend='auto' or 'transformers' "
+                f"(use_vllm={getattr(trainer, 'use_vllm', False)})"
+            )
+        self.engine = None if self.backend == "transformers" else engine
+        self.trainer = trainer
+        if self not in trainer.callback_handler.callbacks:
+            trainer.add_callback(self)
+        return self
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.trainer is None:
+            raise RuntimeError(
+                "ValidationCallback is not attached to a trainer: call callback.attach(trainer) after building the "
+                "trainer (or pass trainer=... to ValidationCallback / validation_callback_from_settings)"
+            )
+        if self.at_start:
+            self.validate()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        due = step % self.every_steps == 0 or (self.at_end and step == state.max_steps)
+        if due and step != self.last_step:
+            should_log = control.should_log  # logging resets it: keep the trainer's own log of this step
+            self.validate()
+            control.should_log = should_log
+        return control
+
+    # -- validation ------------------------------------------------------------------------------------------------
+
+    def validate(self) -> dict[str, float]:
+        """Sample, score and log now; returns the logged metrics (the same on every process)."""
+        import torch
+        from transformers import Trainer
+
+        trainer = self.trainer
+        started = time.time()
+        step = trainer.state.global_step
+        device = trainer.accelerator.device
+        devices = [device.index or 0] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):  # the trainer's generators are restored afterwards
+            counts = self._correct_counts(step)
+        logs: dict[str, float] = {}
+        n = self.num_samples
+        for bench, per_problem in counts.items():
+            logs[f"val/{bench}/mean@{n}"] = sum(per_problem) / (n * len(per_problem))
+            for k in self.ks:
+                logs[f"val/{bench}/pass@{k}"] = sum(pass_at_k(n, c, k) for c in per_problem) / len(per_problem)
+                logs[f"val/{bench}/best@{k}"] = sum(best_at_k(n, c, k) for c in per_problem) / len(per_problem)
+        logs["val/seconds"] = round(time.time() - started, 3)
+        self.last_step = step
+        Trainer.log(trainer, dict(logs))  # the base logger: log_history and report_to, not the GRPO metric buffers
+        return logs
+
+    def _correct_counts(self, step: int) -> dict[str, list[int]]:
+        """Per-problem correct counts of every benchmark, summed over the processes."""
+        import torch
+
+        accelerator = self.trainer.accelerator
+        world, rank = accelerator.num_processes, accelerator.process_index
+        items = [(bench, i) for bench, (prompts, _) in self.problems.items() for i in range(len(prompts))]
+        owner = (lambda index: 0) if self.engine == "server" else (lambda index: index % world)
+        mine = [index for index in range(len(items)) if owner(index) == rank]
+        prompts = [self.problems[items[index][0]][0][items[index][1]] for index in mine]
+        seed = (self.seed + 1_000_003 * step + 7_919 * rank) % 2**32
+        torch.manual_seed(seed)
+        if self.engine is None:
+            per_call = max(1, self.batch_size // (1 if self.temperature == 0 else self.num_samples))
+            calls = math.ceil(math.ceil(len(items) / world) / per_call)  # the same on every process
+            groups = self._generate(prompts, per_call, calls, self.problems[items[0][0]][0][0])
+        else:
+            groups = self._vllm_generate(prompts, seed)
+        counts = torch.zeros(len(items), dtype=torch.long, device=accelerator.device)
+        by_bench: dict[str, list[tuple[int, list[str]]]] = {}
+        for index, group in zip(mine, groups, strict=True):
+            by_bench.setdefault(items[index][0], []).append((index, group))
+        for bench, rows in by_bench.items():
+            solutions = self.problems[bench][1]
+            flat = [text for _, group in rows for text in group]
+            golds = [solutions[items[index][1]] for index, group in rows for _ in group]
+            flags = score(self.scorers[bench], flat, golds, timeout_s=self.timeout_s)
+            for j, (index, _) in enumerate(rows):
+                counts[index] = sum(flags[j * self.num_samples : (j + 1) * self.num_samples])
+        totals = accelerator.reduce(counts, reduction="sum").tolist() if world > 1 else counts.tolist()
+        result: dict[str, list[int]] = {bench: [] for bench in self.problems}
+        for (bench, _), total in zip(items, totals, strict=True):
+            result[bench].append(int(total))
+        return result
+
+    def _tokenizer(self):
+        processing_class = self.trainer.processing_class
+        return getattr(processing_class, "tokenizer", processing_class)
+
+    def _texts(self, prompts: list[Any]) -> list[str]:
+        template_kwargs = getattr(self.trainer, "chat_template_kwargs", None) or {}
+        return [render_prompt(self._tokenizer(), prompt, **template_kwargs) for prompt in prompts]
+
+    def _generate(self, prompts: list[Any], per_call: int, calls: int, filler: Any) -> list[list[str]]:
+        """`num_samples` completions per prompt with ``generate`` on the trainer's model, in exactly `calls` calls
+        (padded with `filler`, whose completions are dropped, so that sharded models run in step)."""
+        import torch
+        from transformers import GenerationConfig
+        from trl.distributed import DistributedBackend
+        from trl.models import unwrap_model_for_generation
+
+        trainer, tokenizer = self.trainer, self._tokenizer()
+        eos = getattr(trainer, "eos_token_ids", None) or tokenizer.eos_token_id
+        n, greedy = self.num_samples, self.temperature == 0  # greedy: decode once, repeat
+        config = GenerationConfig(
+            max_new_tokens=self.max_new_tokens, do_sample=not greedy, num_return_sequences=1 if greedy else n,
+            temperature=None if greedy else self.temperature, top_p=None if greedy else self.top_p,
+            top_k=None if greedy else (self.top_k or 0), repetition_penalty=1.0, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=eos, disable_compile=True,
+        )  # fmt: skip
+        model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+        was_training = model.training
+        groups: list[list[str]] = []
+        try:
+            with (
+                unwrap_model_for_generation(
+                    trainer.model_wrapped,
+                    trainer.accelerator,
+                    gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+                    gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+                ) as unwrapped,
+                torch.no_grad(),
+                DistributedBackend(trainer.accelerator).summon_full_params(trainer.model_wrapped, recurse=False),
+            ):
+                unwrapped.eval()
+                for call in range(calls):
+                    chunk = prompts[call * per_call : (call + 1) * per_call]
+                    texts = self._texts(chunk or [filler])
+                    batch = tokenizer(
+                        texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
+                    ).to(trainer.accelerator.device)
+                    output = unwrapped.generate(**batch, generation_config=config)
+                    decoded = tokenizer.batch_decode(
+                        output[:, batch["input_ids"].shape[1] :], skip_special_tokens=True
+                    )
+                    if greedy:
+                        groups.extend([text] * n for text in decoded[: len(chunk)])
+                    else:
+                        groups.extend(decoded[i * n : (i + 1) * n] for i in range(len(chunk)))
+        finally:
+            model.train(was_training)
+        return groups
+
+    def _vllm_generate(self, prompts: list[Any], seed: int) -> list[list[str]]:
+        """`num_samples` completions per prompt from the trainer's vLLM engine, after pushing the current weights."""
+        trainer, tokenizer = self.trainer, self._tokenizer()
+        engine = trainer.vllm_generation
+        if trainer.state.global_step != getattr(trainer, "_last_loaded_step", None):
+            engine.sync_weights()  # every process takes part (parameters may be gathered)
+            trainer._last_loaded_step = trainer.state.global_step  # the trainer then skips its own sync
+        token_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in self._texts(prompts)]
+        n, greedy = self.num_samples, self.temperature == 0
+        sampling = dict(
+            n=n, temperature=self.temperature, top_p=1.0 if greedy else self.top_p, top_k=self.top_k or 0,
+            max_tokens=self.max_new_tokens,
+        )  # fmt: skip
+        if self.engine == "server":
+            if not token_ids:
+                return []
+            output = engine.vllm_client.generate(prompts=token_ids, **sampling)
+            flat = output["completion_ids"]
+            completions = [flat[i * n : (i + 1) * n] for i in range(len(token_ids))]
+        else:
+            from vllm import SamplingParams
+
+            params = SamplingParams(**sampling, seed=seed)
+            requests = [{"prompt_token_ids": ids} for ids in token_ids]
+            outputs = engine.llm.generate(requests, sampling_params=params, use_tqdm=False) if requests else []
+            completions = [[choice.token_ids for choice in output.outputs] for output in outputs]
+        return [[tokenizer.decode(ids, skip_special_tokens=True) for ids in group] for group in completions]
+
+
+def validation_callback_from_settings(
+    benchmarks: Sequence[str] | str | None,
+    every_steps: int = 5,
+    num_samples: int = 32,
+    scorer: str | Mapping[str, str] = "math_verify",
+    max_new_tokens: int = 4096,
+    *,
+    trainer=None,
+    **kwargs: Any,
+) -> ValidationCallback | None:
+    """A `ValidationCallback` from a recipe's fields, or None when `benchmarks` is None or empty (no validation).
+
+    Args:
+        benchmarks: ``val_benchmarks``: registry names / local files, a list or a comma-separated string.
+        every_steps: ``val_every_steps``. num_samples: ``val_num_samples``. max_new_tokens: ``val_max_new_tokens``.
+        scorer: ``val_scorer``: a scorer name, a mapping benchmark -> name, or ``"aime2024=dapo,amc2023=math_verify"``.
+        trainer: attach the callback to this trainer (`ValidationCallback.attach`); else call ``attach`` later.
+        **kwargs: the other `ValidationCallback` arguments (``temperature``, ``top_p``, ``prompt_template``, ...).
+
+    Raises:
+        ValueError: a bad value; the message names the recipe field (`RECIPE_FIELDS`).
+    """
+    if benchmarks is None or (isinstance(benchmarks, str) and not benchmarks.strip()):
+        return None
+    if not isinstance(benchmarks, str) and len(benchmarks) == 0:
+        return None
+    names = {**RECIPE_FIELDS, **kwargs.pop("argument_names", {})}
+    return ValidationCallback(
+        benchmarks, every_steps, num_samples, parse_scorer(scorer), max_new_tokens,
+        trainer=trainer, argument_names=names, **kwargs,
+    )  # fmt: skip
