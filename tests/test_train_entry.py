@@ -172,3 +172,47 @@ def test_accelerate_launch_two_process_zero3_cpu(tmp_path, tiny_model_dir):
     _assert_band_metrics(logs)
     # Both processes generated: 16 completions per generation batch, across 2 processes.
     assert logs[0]["num_tokens"] > 0
+
+
+def test_validation_settings_take_the_preset_and_the_overrides():
+    from trl_bandpo.cli.script_arguments import ScriptArguments
+
+    assert train.validation_settings(ScriptArguments(dataset_name=["d"])) is None  # no benchmarks, no validation
+    args = ScriptArguments(dataset_name=["d"], val_preset="bandpo", val_every_steps=20, val_num_samples=8)
+    settings = train.validation_settings(args)
+    assert settings == {
+        "benchmarks": ["aime2024", "aime2025", "amc2023"],
+        "num_samples": 8,  # the override wins
+        "scorer": {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "math_verify"},
+        "max_new_tokens": 4096,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": None,
+        "prompt_template": "dapo",
+        "ks": [1, 2, 4, 8],  # the preset's ks up to the samples drawn
+        "every_steps": 20,
+    }
+    args = ScriptArguments(dataset_name=["d"], val_benchmarks=["a.jsonl"], val_scorer="strict")
+    assert train.validation_settings(args) == {
+        "benchmarks": ["a.jsonl"], "scorer": "strict", "prompt_template": "boxed", "every_steps": 5,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="val_preset must be one of"):
+        ScriptArguments(dataset_name=["d"], val_preset="verl")
+    with pytest.raises(ValueError, match="val_every_steps must be an integer >= 1"):
+        ScriptArguments(dataset_name=["d"], val_every_steps=0)
+
+
+def test_main_validates_during_training_from_recipe_fields(tmp_path, tiny_model_dir, captured_trainer):
+    """`val_*` recipe fields attach the validation callback: val/<benchmark>/mean@n lands in the log history."""
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text("".join(json.dumps({"problem": f"{a}+1=?", "answer": str(a + 1)}) + "\n" for a in range(3)))
+    recipe = _write_recipe(
+        tmp_path, tiny_model_dir, processes=1, val_benchmarks=[f"tiny={bench}"], val_every_steps=1,
+        val_num_samples=2, val_max_new_tokens=4, val_scorer="math_verify",
+    )  # fmt: skip
+    assert train.main(["--config", str(recipe)]) == 0
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    validated = [entry for entry in state["log_history"] if "val/tiny/mean@2" in entry]
+    assert [entry["step"] for entry in validated] == [1, 2]
+    assert all(0.0 <= entry["val/tiny/mean@2"] <= 1.0 for entry in validated)
+    assert len([entry for entry in state["log_history"] if "loss" in entry]) == 2  # training logs intact

@@ -32,6 +32,7 @@ __all__ = [
     "ConfigError",
     "ScriptArguments",
     "build_reward",
+    "build_validation",
     "describe_run",
     "load_eval_data",
     "load_prompt_tokenizer",
@@ -41,6 +42,7 @@ __all__ = [
     "parse_args",
     "run",
     "trainer_class_for",
+    "validation_settings",
 ]
 
 logger = logging.getLogger(__name__)
@@ -208,6 +210,43 @@ def describe_run(trainer) -> str:
     )
 
 
+def validation_settings(script_args: ScriptArguments) -> dict | None:
+    """The validation callback's settings: the `val_preset` (`EVAL_PRESETS`) overridden by the `val_*` fields set;
+    None when there are no benchmarks (no validation)."""
+    settings = {}
+    if script_args.val_preset is not None:
+        from ..evaluation import EVAL_PRESETS
+
+        preset = EVAL_PRESETS[script_args.val_preset]
+        keys = ("benchmarks", "num_samples", "scorer", "max_new_tokens", "temperature", "top_p", "top_k")
+        settings = {key: preset[key] for key in keys} | {"prompt_template": preset["prompt_template"]}
+        settings["ks"] = preset.get("ks")
+    overrides = {
+        "benchmarks": script_args.val_benchmarks, "num_samples": script_args.val_num_samples,
+        "scorer": script_args.val_scorer, "max_new_tokens": script_args.val_max_new_tokens,
+        "max_problems": script_args.val_max_problems,
+    }  # fmt: skip
+    settings.update({key: value for key, value in overrides.items() if value is not None})
+    if not settings.get("benchmarks"):
+        return None
+    settings.setdefault("prompt_template", script_args.prompt_template)
+    if settings.get("ks") is not None and "num_samples" in settings:
+        settings["ks"] = [k for k in settings["ks"] if k <= settings["num_samples"]] or None
+    settings["every_steps"] = script_args.val_every_steps
+    return settings
+
+
+def build_validation(script_args: ScriptArguments, trainer):
+    """Attach the validation callback the `val_*` fields describe to `trainer` (None when there is none)."""
+    settings = validation_settings(script_args)
+    if settings is None:
+        return None
+    from ..validation import validation_callback_from_settings
+
+    benchmarks = settings.pop("benchmarks")
+    return validation_callback_from_settings(benchmarks, trainer=trainer, **settings)
+
+
 def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_args: ModelConfig):
     """Build the datasets, reward and trainer, train, save; returns the trainer (process group still alive)."""
     import transformers
@@ -245,7 +284,9 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
     )
-    trainer.accelerator.print(describe_run(trainer))
+    validation = build_validation(script_args, trainer)
+    validating = f" | validation every {script_args.val_every_steps} steps" if validation is not None else ""
+    trainer.accelerator.print(describe_run(trainer) + validating)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json (log history) next to the model

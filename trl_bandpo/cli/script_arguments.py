@@ -1,0 +1,187 @@
+"""`ScriptArguments`: the data, reward and validation fields of a recipe (next to `PolicyLossConfig` and TRL's
+`ModelConfig`), with the checks argparse does not make on values that come from a YAML file."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..data import BOXED_INSTRUCTION, PROMPT_TEMPLATES, TRAINING_MIXES
+from .recipe_checks import check_prompt_fields
+
+__all__ = ["REWARDS", "ScriptArguments"]
+
+#: `reward` choice -> (score of a correct answer, score of a wrong one, name of the logged metric).
+REWARDS = {
+    "signed": (1.0, -1.0, "boxed_signed_reward"),
+    "accuracy": (1.0, 0.0, "boxed_accuracy_reward"),
+    "dapo": (1.0, -1.0, "dapo_reward"),
+}
+_NONE_STRINGS = ("none", "null", "")
+
+
+@dataclass
+class ScriptArguments:
+    r"""
+    Data and reward of a `trl-bandpo train` run.
+
+    Parameters:
+        dataset_name (`list[str]`):
+            Training data: a mix name (`"bandpo"` = the BandPO authors' English DAPO-Math-17k + MATH levels 3-5,
+            `"dgpo"` = DAPO-Math-17k as released), registry names from `trl_bandpo.data.DATASETS` (e.g.
+            `dapo-math-17k`, `math-level3to5`, `dapo-math-17k-original`) or local files
+            (.jsonl/.json/.parquet/.csv) / `save_to_disk` folders. Several entries are concatenated; a single string
+            may also list them comma-separated.
+        dataset_split (`str`, *optional*):
+            Split (or slice such as `"train[:200]"`) of local files/folders. Registry datasets use their own split.
+        problem_field / answer_field (`str`, *optional*):
+            Columns of local files holding the problem and the final answer (dotted names reach nested fields).
+            Guessed when not given; ignored for registry datasets.
+        instruction (`str`, *optional*):
+            Appended to every problem after a space by the `"boxed"` template (default: ask for the answer in
+            `\boxed{}`). `null` for none. Ignored, with a warning when set, if `prompt_template` is `"dapo"`.
+        prompt_template (`str`, defaults to `"boxed"`):
+            `"boxed"` (problem + " " + `instruction`) or `"dapo"`: DAPO's "Answer:" template, in which the BandPO
+            authors put every training and validation problem (`trl_bandpo.data.PROMPT_TEMPLATES`). It asks for the
+            answer on a last line `Answer: ...`, not in `\boxed{}`: use it with a reward that reads that line.
+        max_prompt_tokens (`int`, *optional*):
+            Drop the training (and in-training evaluation) problems whose prompt, chat template included, is longer
+            than this many tokens (the BandPO authors: 1024). `null` keeps all: TRL 1.16 does not limit prompts.
+        max_train_samples (`int`, *optional*):
+            Keep at most this many problems from each training dataset (quick runs).
+        eval_dataset_name (`list[str]`, *optional*):
+            Benchmarks evaluated during training when `eval_strategy` is not `"no"` (registry names such as
+            `aime2024`, local files, or `name=path`; local files use `problem_field` / `answer_field` too).
+            Paper-style mean@k / pass@k evaluation is a separate step.
+        max_eval_samples (`int`, *optional*):
+            Keep at most this many problems per benchmark.
+        reward (`str`, defaults to `"signed"`):
+            `"signed"`: +1 / -1 from math-verify on the last `\boxed{}` (DGPO); `"accuracy"`: the same as 1 / 0;
+            `"dapo"`: +1 / -1 from the "Answer:" line compared as verl's `math_dapo` does (the BandPO authors'
+            training reward, `trl_bandpo.rewards.dapo_reward`; use it with `prompt_template: dapo`). With the
+            group-normalised advantage (`scale_rewards="group"`) signed and accuracy give the same advantages.
+        reward_timeout (`float`, defaults to `5.0`):
+            Wall-clock seconds allowed to `math_verify` per answer; an answer that takes longer scores wrong.
+        reward_num_workers (`int`, *optional*):
+            Verifier processes per training process (default `min(4, cpu_count)`).
+
+        > Validation during training, as both papers ran it (docs/evaluation.md, "Validation during training")
+
+        val_preset (`str`, *optional*):
+            `"bandpo"` or `"dgpo"`: take benchmarks, prompt template, sampling, samples per problem, response length
+            and scorers from `trl_bandpo.evaluation.EVAL_PRESETS`; the `val_*` fields below override it.
+        val_benchmarks (`list[str]`, *optional*):
+            Benchmarks to validate on (registry names, local files or `name=path`); none (the default, unless a
+            preset gives them): no validation.
+        val_every_steps (`int`, defaults to `5`):
+            Validate every this many optimizer steps (and at the end).
+        val_num_samples (`int`, *optional*):
+            Completions per problem (mean@n, pass@k); default the preset's, else 32.
+        val_scorer (`str`, *optional*):
+            `math_verify`, `dapo`, `strict`, or per benchmark `aime2024=dapo,amc2023=math_verify`.
+        val_max_new_tokens (`int`, *optional*):
+            Response length of validation samples; default the preset's, else 4096.
+        val_max_problems (`int`, *optional*):
+            At most this many problems per benchmark (quick checks).
+    """
+
+    dataset_name: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Training data: a mix (" + ", ".join(TRAINING_MIXES) + "), registry names "
+            "(trl_bandpo.data.DATASETS) and/or local files; several are concatenated."
+        },
+    )
+    dataset_split: str | None = field(
+        default=None, metadata={"help": "Split of local training files (e.g. 'train' or 'train[:200]')."}
+    )
+    problem_field: str | None = field(default=None, metadata={"help": "Problem column of local training files."})
+    answer_field: str | None = field(default=None, metadata={"help": "Answer column of local training files."})
+    instruction: str | None = field(
+        default=BOXED_INSTRUCTION, metadata={"help": "Appended to every problem ('boxed'); 'none' for nothing."}
+    )
+    prompt_template: str = field(
+        default="boxed", metadata={"help": "'boxed' or 'dapo' (DAPO's template).", "choices": list(PROMPT_TEMPLATES)}
+    )
+    max_prompt_tokens: int | None = field(default=None, metadata={"help": "Drop longer prompts (BandPO: 1024)."})
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "At most this many problems from each training dataset."}
+    )
+    eval_dataset_name: list[str] | None = field(
+        default=None, metadata={"help": "Benchmarks evaluated during training (needs eval_strategy != 'no')."}
+    )
+    max_eval_samples: int | None = field(default=None, metadata={"help": "At most this many problems per benchmark."})
+    reward: str = field(
+        default="signed",
+        metadata={
+            "help": "Reward: 'signed' (+1/-1 boxed, DGPO), 'accuracy' (1/0 boxed) or 'dapo' (+1/-1 'Answer:' line, "
+            "BandPO).",
+            "choices": list(REWARDS),
+        },
+    )
+    reward_timeout: float = field(default=5.0, metadata={"help": "Seconds allowed to math_verify per answer."})
+    reward_num_workers: int | None = field(default=None, metadata={"help": "Verifier processes per process."})
+    val_preset: str | None = field(default=None, metadata={"help": "Validation protocol: 'bandpo' or 'dgpo'."})
+    val_benchmarks: list[str] | None = field(default=None, metadata={"help": "Benchmarks validated during training."})
+    val_every_steps: int = field(default=5, metadata={"help": "Validate every this many optimizer steps."})
+    val_num_samples: int | None = field(default=None, metadata={"help": "Validation samples per problem."})
+    val_scorer: str | None = field(default=None, metadata={"help": "Validation scorer(s), e.g. 'strict'."})
+    val_max_new_tokens: int | None = field(default=None, metadata={"help": "Response length of validation samples."})
+    val_max_problems: int | None = field(default=None, metadata={"help": "At most this many problems per benchmark."})
+
+    def __post_init__(self):
+        # argparse checks neither the types nor the choices of values that come from the YAML file.
+        for name in ("dataset_name", "eval_dataset_name"):
+            value = getattr(self, name)
+            if value is not None and not (
+                isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+            ):
+                raise ValueError(
+                    f"{name} must be a string or a list of strings (mix or registry names, local files), got "
+                    f"{value!r}."
+                )
+        for name in ("dataset_split", "problem_field", "answer_field", "instruction"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} must be a string or null, got {value!r} ({type(value).__name__}).")
+        self.dataset_name = _split_names(self.dataset_name)
+        self.eval_dataset_name = _split_names(self.eval_dataset_name)
+        if isinstance(self.instruction, str) and self.instruction.strip().lower() in _NONE_STRINGS:
+            self.instruction = None
+        check_prompt_fields(self.prompt_template, self.instruction, self.reward)
+        if not isinstance(self.reward, str) or self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {list(REWARDS)}, got {self.reward!r}.")
+        if isinstance(self.reward_timeout, bool) or not isinstance(self.reward_timeout, (int, float)):
+            raise ValueError(f"reward_timeout must be a number of seconds, got {self.reward_timeout!r}.")
+        if not 0 < float(self.reward_timeout) < float("inf"):
+            raise ValueError(
+                f"reward_timeout must be a positive finite number of seconds, got {self.reward_timeout!r}"
+            )
+        self.val_benchmarks = _split_names(self.val_benchmarks) if self.val_benchmarks is not None else None
+        if isinstance(self.val_preset, str) and self.val_preset.strip().lower() in _NONE_STRINGS:
+            self.val_preset = None
+        if self.val_preset is not None:
+            from ..evaluation import EVAL_PRESETS
+
+            if not isinstance(self.val_preset, str) or self.val_preset not in EVAL_PRESETS:
+                raise ValueError(f"val_preset must be one of {list(EVAL_PRESETS)} or null, got {self.val_preset!r}.")
+        if self.val_scorer is not None and not isinstance(self.val_scorer, str):
+            raise ValueError(f"val_scorer must be a string ('strict', 'aime2024=dapo', ...), got {self.val_scorer!r}.")
+        every = self.val_every_steps
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"val_every_steps must be an integer >= 1, got {every!r}.")
+        for name in ("max_train_samples", "max_eval_samples", "max_prompt_tokens", "reward_num_workers",
+                     "val_num_samples", "val_max_new_tokens", "val_max_problems"):  # fmt: skip
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1 or null, got {value!r}.")
+
+
+def _split_names(names: Sequence[str] | None) -> list[str] | None:
+    """Flatten comma-separated entries: ``["a,b", "c"]`` -> ``["a", "b", "c"]``; None stays None."""
+    if names is None:
+        return None
+    if isinstance(names, str):
+        names = [names]
+    out = [part.strip() for name in names for part in str(name).split(",") if part.strip()]
+    return out or None
