@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from trl_bandpo.cli.recipe import ConfigError, make_parser, parse_args
-from trl_bandpo.cli.train import main, trainer_class_for
+from trl_bandpo.cli.train import main, trainer_class_for, validation_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -177,6 +177,27 @@ def test_recipe_parses_and_matches_its_paper(path):
     assert args.output_dir.endswith(f"{folder}/{path.stem}")
     if folder in ("bandpo", "dgpo"):  # neither paper's verl runs corrected for the vLLM/trainer mismatch
         assert args.vllm_importance_sampling_correction is False
+    # Validation during training: every 5 paper steps (BandPO's scripts; DGPO states none, the same is chosen),
+    # mean@32 on the paper's benchmarks, with its response length; none in the LoRA recipes.
+    validation = validation_settings(script_args)
+    if folder == "lora":
+        assert validation is None
+    else:
+        assert script_args.val_preset == folder
+        assert validation["every_steps"] == 5 * (prompts // mini_batch)
+        assert validation["num_samples"] == 32
+        assert (validation["temperature"], validation["top_p"], validation["top_k"]) == (1.0, 1.0, None)
+        assert validation["max_new_tokens"] == args.max_completion_length
+        assert validation["prompt_template"] == script_args.prompt_template  # validation prompted like training
+        if folder == "bandpo":
+            assert validation["benchmarks"] == ["aime2024", "aime2025", "amc2023"]
+            assert validation["scorer"] == {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "math_verify"}
+        else:
+            assert set(validation["benchmarks"]) == {
+                "aime2024-math-ai", "aime2025-math-ai", "amc2023", "math500", "minerva", "olympiadbench"
+            }  # fmt: skip
+            assert validation["scorer"] == "strict"
+            assert validation["ks"] == list(range(1, 33))
     if folder == "bandpo":
         # the authors' data, prompt and reward: DAPO-Math-17k (en) + MATH L3-5, DAPO's "Answer:" prompt, math_dapo
         assert script_args.dataset_name == ["dapo-math-17k", "math-level3to5"]

@@ -180,11 +180,18 @@ class FakeEngine:
             self.requests.append((prompts, kwargs))
             return {"completion_ids": [answer] * (len(prompts) * kwargs["n"])}
 
-        self.llm = types.SimpleNamespace(generate=generate)
+        self.events, self._llm_weights_sleeping = [], enable_sleep_mode  # TRL leaves a sleeping engine asleep
+        self.llm = types.SimpleNamespace(
+            generate=lambda *a, **k: (self.events.append("generate"), generate(*a, **k))[1],
+            wake_up=lambda tags: self.events.append(("wake_up", tuple(tags))),
+            sleep=lambda level: self.events.append(("sleep", level)),
+        )
         self.vllm_client = types.SimpleNamespace(generate=client_generate)
 
-    def sync_weights(self):
+    def sync_weights(self):  # TRL's sync_weights wakes the weights of a sleeping engine up, then pushes them
         self.syncs += 1
+        self.events.append("sync")
+        self._llm_weights_sleeping = False
 
 
 @pytest.fixture
@@ -223,17 +230,61 @@ def test_the_trainers_vllm_engine_is_reused(mode, tiny_model_dir, bench, tmp_pat
     assert trainer.state.log_history[-1]["val/tiny/mean@4"] == pytest.approx(1 / 3)
 
 
-def test_unusable_vllm_engines_fall_back_or_fail(tiny_model_dir, bench, tmp_path):
+def test_without_vllm_engine_backend_vllm_fails_and_transformers_can_be_forced(tiny_model_dir, bench, tmp_path):
     trainer = make_trainer(tiny_model_dir, tmp_path / "out")
     with pytest.raises(ValueError, match="backend='vllm' needs the trainer's vLLM engine.*use_vllm=False"):
         ValidationCallback([str(bench)], num_samples=2, max_new_tokens=4, backend="vllm", trainer=trainer)
     trainer.use_vllm = True
-    trainer.vllm_generation = FakeEngine("colocate", trainer.processing_class, tensor_parallel_size=2)
-    callback = ValidationCallback([str(bench)], num_samples=2, max_new_tokens=4, trainer=trainer)
-    assert callback.engine is None  # falls back to generate on the trainer's model
     trainer.vllm_generation = FakeEngine("colocate", trainer.processing_class)
     forced = ValidationCallback([str(bench)], num_samples=2, max_new_tokens=4, backend="transformers", trainer=trainer)
     assert forced.engine is None
+
+
+def test_a_sleeping_colocated_engine_is_woken_and_put_back_to_sleep(tiny_model_dir, bench, tmp_path, fake_vllm):
+    """The paper recipes colocate vLLM with sleep mode (level 2 discards the weights): every validation pushes the
+    weights (which wakes them), wakes the KV cache, samples, and leaves the engine asleep as TRL expects it."""
+    trainer = make_trainer(tiny_model_dir, tmp_path / "out")
+    engine = FakeEngine("colocate", trainer.processing_class, enable_sleep_mode=True)
+    trainer.use_vllm, trainer.vllm_generation, trainer._last_loaded_step = True, engine, -1
+    callback = ValidationCallback([str(bench)], num_samples=2, max_new_tokens=4, backend="vllm", trainer=trainer)
+    assert callback.engine == "colocate"
+    cycle = ["sync", ("wake_up", ("kv_cache",)), "generate", ("sleep", 2)]
+    assert callback.validate()["val/tiny/mean@2"] == pytest.approx(1 / 3)
+    assert engine.events == cycle and engine._llm_weights_sleeping
+    callback.validate()  # the same step: the weights were discarded by the sleep, so they are pushed again
+    assert engine.events == cycle * 2 and engine.syncs == 2
+
+
+def test_tensor_parallel_ranks_share_problems_and_count_once(tiny_model_dir, tmp_path, fake_vllm):
+    """Colocated vLLM with tensor parallelism 2 on 4 processes: the two ranks of a group send the same prompts with
+    the same seed (vLLM's tensor parallelism needs it), the groups split the problems, and only each group's first
+    rank counts, so the summed counts are those of one pass over every problem."""
+    rows = [{"problem": f"{i}+{i}=?", "answer": str(2 * i)} for i in range(1, 6)]  # "so \boxed{2}" is right once
+    bench = tmp_path / "five.jsonl"
+    bench.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    trainer = make_trainer(tiny_model_dir, tmp_path / "out")
+    trainer.use_vllm, trainer._last_loaded_step = True, -1
+    trainer.vllm_generation = FakeEngine("colocate", trainer.processing_class, tensor_parallel_size=2)
+    callback = ValidationCallback([str(bench)], num_samples=3, max_new_tokens=4, backend="vllm", trainer=trainer)
+    real_accelerator, sent, counted = trainer.accelerator, {}, {}
+    try:
+        for rank in range(4):
+            engine = FakeEngine("colocate", trainer.processing_class, tensor_parallel_size=2)
+            trainer.vllm_generation = engine
+            trainer.accelerator = types.SimpleNamespace(
+                num_processes=4, process_index=rank, device=torch.device("cpu"),
+                reduce=lambda tensor, reduction, rank=rank: counted.setdefault(rank, tensor.clone()),
+            )  # fmt: skip
+            callback._correct_counts(step=7)
+            requests, sampling = engine.requests[0]
+            sent[rank] = ([r["prompt_token_ids"] for r in requests], sampling["seed"])
+    finally:
+        trainer.accelerator = real_accelerator
+    assert sent[0] == sent[1] and sent[2] == sent[3] and sent[0][1] != sent[2][1]
+    assert (len(sent[0][0]), len(sent[2][0])) == (3, 2)  # problems 0, 2, 4 and 1, 3
+    assert counted[1].sum() == 0 and counted[3].sum() == 0
+    total = sum(counted.values())
+    assert total.tolist() == [3, 0, 0, 0, 0]  # 3 of 3 samples right on 1+1, none elsewhere
 
 
 # ------------------------------------------------------------------------------------------------------------------

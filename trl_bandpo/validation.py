@@ -9,11 +9,10 @@ current policy, scores the samples with a named scorer (`trl_bandpo.evaluation.s
 bootstrap) through the trainer's logging, so they land in ``state.log_history`` and every ``report_to``
 integration.
 
-* **Sampling.** With vLLM (the trainer's ``use_vllm``) the trainer's own engine is reused: colocate mode with
-  tensor parallelism 1 and no sleep mode, or server mode (the main process asks the server for every problem).
-  Weights are pushed to the engine first when it does not hold the current step's. Other vLLM set-ups (colocate
-  with ``vllm_tensor_parallel_size > 1`` or ``vllm_enable_sleep_mode``) fall back to ``generate`` on the trainer's
-  model, as does a trainer without vLLM: the model in eval mode, without gradients, its train mode restored.
+* **Sampling.** With vLLM (``use_vllm``) the trainer's engine is reused: in server mode the main process asks for
+  every problem; colocated, each tensor-parallel group samples its share (a group's ranks: same prompts, same
+  seed), a sleeping engine is woken up and put back to sleep (level 2) as TRL does. The current weights are pushed
+  first. Without vLLM: ``generate`` on the model, in eval mode, without gradients, its train mode restored.
 * **Several processes.** Each process samples and scores a shard of the problems (every process makes the same
   number of ``generate`` calls, as ZeRO-3 and FSDP need); the per-problem correct counts are summed over the
   processes before the metrics are computed, so every process logs the same values.
@@ -58,7 +57,7 @@ def _vllm_engine(trainer) -> str | None:
         return None
     if engine.mode == "server":
         return "server"
-    if engine.mode == "colocate" and engine.tensor_parallel_size == 1 and not engine.enable_sleep_mode:
+    if engine.mode == "colocate":
         return "colocate"
     return None
 
@@ -173,14 +172,13 @@ class ValidationCallback(TrainerCallback):
         """Give the callback its trainer and register it there (``trainer.add_callback``) if it is not yet.
 
         Raises:
-            ValueError: ``backend="vllm"`` while the trainer's vLLM engine cannot be reused (see the module).
+            ValueError: ``backend="vllm"`` while the trainer has no vLLM engine (``use_vllm=False``).
         """
         engine = _vllm_engine(trainer)
         if self.backend == "vllm" and engine is None:
             raise ValueError(
-                "backend='vllm' needs the trainer's vLLM engine in server mode, or in colocate mode with "
-                "vllm_tensor_parallel_size=1 and no sleep mode; use backend='auto' or 'transformers' "
-                f"(use_vllm={getattr(trainer, 'use_vllm', False)})"
+                "backend='vllm' needs the trainer's vLLM engine (use_vllm=True, server or colocate mode); use "
+                f"backend='auto' or 'transformers' (use_vllm={getattr(trainer, 'use_vllm', False)})"
             )
         self.engine = None if self.backend == "transformers" else engine
         self.trainer = trainer
@@ -238,26 +236,31 @@ class ValidationCallback(TrainerCallback):
 
         accelerator = self.trainer.accelerator
         world, rank = accelerator.num_processes, accelerator.process_index
+        # Colocated vLLM with tensor parallelism: the ranks of a group share one engine, so they take the same
+        # problems and seed, and only the group's first rank counts the answers.
+        tp = self.trainer.vllm_generation.tensor_parallel_size if self.engine == "colocate" else 1
+        group, groups_count, counting = rank // tp, world // tp, rank % tp == 0
         items = [(bench, i) for bench, (prompts, _) in self.problems.items() for i in range(len(prompts))]
-        owner = (lambda index: 0) if self.engine == "server" else (lambda index: index % world)
-        mine = [index for index in range(len(items)) if owner(index) == rank]
+        owner = (lambda index: 0) if self.engine == "server" else (lambda index: index % groups_count)
+        mine = [index for index in range(len(items)) if owner(index) == group]
         prompts = [self.problems[items[index][0]][0][items[index][1]] for index in mine]
-        seed = (self.seed + 1_000_003 * step + 7_919 * rank) % 2**32
+        seed = (self.seed + 1_000_003 * step + 7_919 * group) % 2**32
         torch.manual_seed(seed)
         if self.engine is None:
             per_call = max(1, self.batch_size // (1 if self.temperature == 0 else self.num_samples))
             calls = math.ceil(math.ceil(len(items) / world) / per_call)  # the same on every process
-            groups = self._generate(prompts, per_call, calls, self.problems[items[0][0]][0][0])
+            completions = self._generate(prompts, per_call, calls, self.problems[items[0][0]][0][0])
         else:
-            groups = self._vllm_generate(prompts, seed)
+            completions = self._vllm_generate(prompts, seed)
         counts = torch.zeros(len(items), dtype=torch.long, device=accelerator.device)
         by_bench: dict[str, list[tuple[int, list[str]]]] = {}
-        for index, group in zip(mine, groups, strict=True):
-            by_bench.setdefault(items[index][0], []).append((index, group))
+        for index, samples in zip(mine, completions, strict=True):
+            if counting:
+                by_bench.setdefault(items[index][0], []).append((index, samples))
         for bench, rows in by_bench.items():
             solutions = self.problems[bench][1]
-            flat = [text for _, group in rows for text in group]
-            golds = [solutions[items[index][1]] for index, group in rows for _ in group]
+            flat = [text for _, samples in rows for text in samples]
+            golds = [solutions[items[index][1]] for index, samples in rows for _ in samples]
             flags = score(self.scorers[bench], flat, golds, timeout_s=self.timeout_s)
             for j, (index, _) in enumerate(rows):
                 counts[index] = sum(flags[j * self.num_samples : (j + 1) * self.num_samples])
@@ -329,8 +332,10 @@ class ValidationCallback(TrainerCallback):
         """`num_samples` completions per prompt from the trainer's vLLM engine, after pushing the current weights."""
         trainer, tokenizer = self.trainer, self._tokenizer()
         engine = trainer.vllm_generation
-        if trainer.state.global_step != getattr(trainer, "_last_loaded_step", None):
-            engine.sync_weights()  # every process takes part (parameters may be gathered)
+        # Sleep level 2 discards the engine's weights: they are pushed again even when they were this step's.
+        sleeping = self.engine == "colocate" and getattr(engine, "_llm_weights_sleeping", False)
+        if sleeping or trainer.state.global_step != getattr(trainer, "_last_loaded_step", None):
+            engine.sync_weights()  # every process takes part (parameters may be gathered); wakes the weights up
             trainer._last_loaded_step = trainer.state.global_step  # the trainer then skips its own sync
         token_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in self._texts(prompts)]
         n, greedy = self.num_samples, self.temperature == 0
@@ -349,7 +354,14 @@ class ValidationCallback(TrainerCallback):
 
             params = SamplingParams(**sampling, seed=seed)
             requests = [{"prompt_token_ids": ids} for ids in token_ids]
-            outputs = engine.llm.generate(requests, sampling_params=params, use_tqdm=False) if requests else []
+            if engine.enable_sleep_mode:
+                engine.llm.wake_up(tags=["kv_cache"])
+            try:
+                outputs = engine.llm.generate(requests, sampling_params=params, use_tqdm=False) if requests else []
+            finally:
+                if engine.enable_sleep_mode:  # as TRL leaves the engine after its own generation
+                    engine.llm.sleep(level=2)
+                    engine._llm_weights_sleeping = True
             completions = [[choice.token_ids for choice in output.outputs] for output in outputs]
         return [[tokenizer.decode(ids, skip_special_tokens=True) for ids in group] for group in completions]
 
