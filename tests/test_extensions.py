@@ -118,14 +118,20 @@ def test_dynamic_sampling_refuses_groups_that_straddle_processes(tiny_model_dir,
         trainer._generate_and_score_completions(split_group)
 
 
-def _dynamic_run(tiny_model_dir, tmp_path, max_rounds):
+def _dynamic_sampling_script():
+    """tests/scripts/dynamic_sampling_run.py as a module, its records emptied."""
     import importlib.util
 
     script = Path(__file__).parent / "scripts" / "dynamic_sampling_run.py"
     spec = importlib.util.spec_from_file_location("ds_run", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.RecordingTrainer.batches = []
+    module.RecordingTrainer.batches, module.RecordingTrainer.outputs = [], []
+    return module
+
+
+def _dynamic_run(tiny_model_dir, tmp_path, max_rounds):
+    module = _dynamic_sampling_script()
     from datasets import Dataset
 
     from trl_bandpo import BandPOConfig
@@ -160,6 +166,62 @@ def test_dynamic_sampling_out_of_rounds_masks_the_missing_groups(tiny_model_dir,
         assert batch["items"] == batch["tokens"]
     filled = [e["dynamic_sampling/filled_share"] for e in steps if "dynamic_sampling/filled_share" in e]
     assert filled and min(filled) < 1.0
+
+
+class _RandomTokenEngine:
+    """Stands in for TRL's `VLLMGeneration` (no vLLM on CPU): returns what vLLM returns to the trainer, completion
+    token ids of varying length and the sampled tokens' log-probs, so the trainer runs TRL's vLLM branch."""
+
+    def __init__(self, vocab_size: int, max_tokens: int):
+        self.vocab_size, self.max_tokens, self.calls, self.syncs = vocab_size, max_tokens, [], 0
+        self.generator = torch.Generator().manual_seed(0)
+
+    def sync_weights(self):
+        self.syncs += 1
+
+    def generate(self, prompts, images, num_generations, profiler):
+        self.calls.append(len(prompts))
+        lengths = torch.randint(1, self.max_tokens + 1, (len(prompts),), generator=self.generator).tolist()
+        completions = [torch.randint(10, self.vocab_size, (n,), generator=self.generator).tolist() for n in lengths]
+        logprobs = [[[-1.5] for _ in ids] for ids in completions]
+        return prompts, completions, logprobs, None
+
+
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+def test_dynamic_sampling_through_trls_vllm_branch(tiny_model_dir, tmp_path, mode):
+    """With vLLM (its IS correction on, so the outputs carry sampling log-probs and IS ratios), each extra round is
+    one more engine call on the same number of prompts, and the merged batch is full of groups with signal."""
+    from datasets import Dataset
+
+    from trl_bandpo import BandPOConfig
+
+    module = _dynamic_sampling_script()
+    dataset = Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(8) for b in range(4)])
+    args = BandPOConfig(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2, num_generations=4,
+        max_completion_length=6, max_steps=2, learning_rate=5e-2, logging_steps=1, report_to="none",
+        save_strategy="no", seed=0, use_cpu=True, dynamic_sampling=True, dynamic_sampling_max_rounds=8,
+    )  # fmt: skip
+    trainer = module.RecordingTrainer(
+        model=tiny_model_dir, reward_funcs=module.reward, args=args, train_dataset=dataset
+    )
+    engine = _RandomTokenEngine(trainer.model.config.vocab_size, 6)
+    trainer.use_vllm, trainer.vllm_mode, trainer.vllm_generation = True, mode, engine  # what use_vllm=True sets up
+    trainer._last_loaded_step = -1
+    trainer.vllm_importance_sampling_correction = True
+    # sequence-level ratios (one column, TRL's default mode) in one case, per-token ratios in the other
+    trainer.vllm_importance_sampling_mode = "sequence_mask" if mode == "colocate" else "token_truncate"
+    trainer.train()
+    steps = [e for e in trainer.state.log_history if "dynamic_sampling/rounds" in e]
+    assert steps and sum(e["dynamic_sampling/rounds"] for e in steps) == len(engine.calls) > len(steps)
+    assert set(engine.calls) == {8}  # every round: the generation batch's 2 prompts x 4
+    for batch in module.RecordingTrainer.batches:
+        assert batch["rows"] == 8 and all(batch["signal"]) and batch["items"] == batch["tokens"]
+    assert module.RecordingTrainer.outputs
+    for out in module.RecordingTrainer.outputs:  # merged across rounds: padded to the longest completion
+        rows, length = out["completion_ids"].shape
+        assert out["sampling_per_token_logps"].shape == (rows, length)
+        assert out["importance_sampling_ratio"].shape == (rows, 1 if mode == "colocate" else length)
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ def reward(completions, prompts, **kwargs):
 
 
 class RecordingTrainer(BandPOTrainer):
-    batches = []
+    batches, outputs = [], []
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)
@@ -28,6 +28,7 @@ class RecordingTrainer(BandPOTrainer):
                 {"signal": signal, "rows": int(output["completion_ids"].shape[0]),
                  "items": float(output["num_items_in_batch"]), "tokens": float(output["completion_mask"].sum())}
             )
+            RecordingTrainer.outputs.append(output)
         return output
 
 
