@@ -25,3 +25,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+_SYNCING_METHODS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+@pytest.fixture
+def forbid_host_reads(monkeypatch):
+    """Every Tensor method that reads a value on the host raises, as a host synchronisation would on CUDA."""
+    import torch
+
+    def make(name):
+        def raiser(self, *args, **kwargs):
+            raise AssertionError(f"band_bounds called Tensor.{name}(): a host synchronisation on GPU")
+
+        return raiser
+
+    for name in _SYNCING_METHODS:
+        monkeypatch.setattr(torch.Tensor, name, make(name))
+    yield
+    monkeypatch.undo()

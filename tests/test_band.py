@@ -939,21 +939,7 @@ def test_non_float_tensor_input_raises(bad_input):
 # no host synchronisation
 # --------------------------------------------------------------------------------------------------------------
 
-_SYNCING_METHODS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
-
-
-@pytest.fixture
-def forbid_host_reads(monkeypatch):
-    def make(name):
-        def raiser(self, *args, **kwargs):
-            raise AssertionError(f"band_bounds called Tensor.{name}(): a host synchronisation on GPU")
-
-        return raiser
-
-    for name in _SYNCING_METHODS:
-        monkeypatch.setattr(torch.Tensor, name, make(name))
-    yield
-    monkeypatch.undo()
+# `forbid_host_reads` is in tests/conftest.py.
 
 
 def test_forbid_host_reads_fixture_is_effective(forbid_host_reads):

@@ -97,6 +97,17 @@ def _check_num_workers(num_workers: Any) -> int:
     return num_workers
 
 
+def _set_scores(reward: Any, correct: Any, wrong: Any, name: Any) -> None:
+    """Check and set a reward function's `correct` / `wrong` scores and its metric name (``__name__``)."""
+    for arg, value in (("correct", correct), ("wrong", wrong)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"{arg} must be a finite number, got {value!r}")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"name must be a Python identifier (it names the logged metric), got {name!r}")
+    reward.correct, reward.wrong = float(correct), float(wrong)
+    reward.__name__ = reward.__qualname__ = name
+
+
 def score_completions(
     completions: Sequence[Any],
     solutions: Sequence[Any],
@@ -188,18 +199,10 @@ class MathVerifyReward:
         num_workers: int | None = None,
         call_timeout_s: float | None = None,
     ) -> None:
-        for arg, value in (("correct", correct), ("wrong", wrong)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"{arg} must be a finite number, got {value!r}")
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise ValueError(f"name must be a Python identifier (it names the logged metric), got {name!r}")
-        self.correct = float(correct)
-        self.wrong = float(wrong)
+        _set_scores(self, correct, wrong, name)
         self.timeout_s = _check_timeout(timeout_s)
         self.num_workers = None if num_workers is None else _check_num_workers(num_workers)
         self.call_timeout_s = _check_call_timeout(call_timeout_s)
-        self.__name__ = name
-        self.__qualname__ = name
 
     def __call__(
         self, completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs: Any
@@ -267,15 +270,7 @@ class DAPOReward:
     """
 
     def __init__(self, correct: float = 1.0, wrong: float = -1.0, name: str = "dapo_reward") -> None:
-        for arg, value in (("correct", correct), ("wrong", wrong)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"{arg} must be a finite number, got {value!r}")
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise ValueError(f"name must be a Python identifier (it names the logged metric), got {name!r}")
-        self.correct = float(correct)
-        self.wrong = float(wrong)
-        self.__name__ = name
-        self.__qualname__ = name
+        _set_scores(self, correct, wrong, name)
 
     def __call__(
         self, completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs: Any

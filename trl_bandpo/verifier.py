@@ -15,10 +15,9 @@ busy in C code (Linux's ``PR_SET_PDEATHSIG``; a watchdog thread elsewhere). Each
 call, and an answer that timed out is not tried again in that call. Once a call's budget (``call_timeout_s``) is
 spent, busy workers are killed and the pairs not yet verified stay unverified (None, not cached).
 
-Because a worker executes this file by path, it imports nothing from `trl_bandpo` (only the standard library, and
-`math_verify` lazily). Nothing here executes model output: answers are only handed to `math_verify.parse` with the
-LaTeX extractor (``LatexExtractionConfig``, a grammar parser), never to ``eval``/``sympify``/``parse_expr``.
-On non-POSIX systems (no selectable pipes) the comparison runs in-process with `math_verify`'s own timeouts.
+A worker executes this file by path: it imports only the standard library (and `math_verify` lazily). No model
+output is executed: answers go only to `math_verify.parse` with the LaTeX extractor (a grammar parser), never to
+``eval``/``sympify``. Without selectable pipes (non-POSIX) it runs in-process with `math_verify`'s own timeouts.
 """
 
 from __future__ import annotations
@@ -168,6 +167,15 @@ def _start_worker_process() -> subprocess.Popen:
     return process
 
 
+def stop_process(process: subprocess.Popen) -> None:
+    """Kill a worker process (SIGKILL), close its pipes and reap it; never raises for one that is already gone."""
+    for stop in (process.kill, process.stdin.close, process.stdout.close):
+        with contextlib.suppress(OSError):
+            stop()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)
+
+
 class _WorkerDied(Exception):
     pass
 
@@ -201,13 +209,7 @@ class _Worker:
         return self.process.poll() is None
 
     def kill(self) -> None:
-        with contextlib.suppress(OSError):
-            self.process.kill()
-        for stream in (self.process.stdin, self.process.stdout):
-            with contextlib.suppress(OSError):
-                stream.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=5)
+        stop_process(self.process)
 
 
 class _VerifierPool:

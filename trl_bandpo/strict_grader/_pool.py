@@ -13,7 +13,6 @@ behind by a dead parent stops too. This is the pattern of `trl_bandpo.verifier`.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import selectors
@@ -21,6 +20,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from ..verifier import stop_process
 
 WORKER_START_TIMEOUT_S = 120.0  # a worker that is not ready after this long is an environment problem
 _MAX_IDLE = 8
@@ -78,13 +79,7 @@ class _Worker:
         return self.read_line(time.monotonic() + timeout_s)
 
     def kill(self) -> None:
-        with contextlib.suppress(OSError):
-            self.process.kill()
-        for stream in (self.process.stdin, self.process.stdout):
-            with contextlib.suppress(OSError):
-                stream.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=5)
+        stop_process(self.process)
 
 
 _LOCK = threading.Lock()
