@@ -202,6 +202,39 @@ def test_validation_settings_take_the_preset_and_the_overrides():
         ScriptArguments(dataset_name=["d"], val_every_steps=0)
 
 
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("val_benchmarks", 5, r"val_benchmarks must be a string or a list of strings.*got 5"),
+        ("val_benchmarks", [1, 2], r"val_benchmarks must be a string or a list of strings.*got \[1, 2\]"),
+        ("val_scorer", "bogus", r"val_scorer must be one of \['math_verify', 'dapo', 'strict'\].*got 'bogus'"),
+        ("val_scorer", "aime2024=nope", r"val_scorer\['aime2024'\] must be one of .*got 'nope'"),
+        ("val_scorer", 3, r"val_scorer must be a string"),
+        ("val_max_problems", 0, r"val_max_problems must be an integer >= 1 or null, got 0"),
+        ("val_num_samples", True, r"val_num_samples must be an integer >= 1 or null, got True"),
+    ],
+)
+def test_bad_validation_fields_fail_when_the_arguments_are_built(field, value, message):
+    from trl_bandpo.cli.script_arguments import ScriptArguments
+
+    with pytest.raises(ValueError, match=message):
+        ScriptArguments(dataset_name=["d"], val_preset="bandpo", **{field: value})
+
+
+def test_a_missing_validation_benchmark_fails_before_the_model_loads(tmp_path, capsys):
+    """The benchmarks are loaded before the trainer: a missing file is named even though the model does not exist."""
+    recipe = tmp_path / "recipe.yaml"
+    bench = tmp_path / "train.jsonl"
+    bench.write_text(json.dumps({"problem": "1+1=?", "answer": "2"}) + "\n")
+    recipe.write_text(
+        f"model_name_or_path: {tmp_path / 'no-such-model'}\ndataset_name: [{bench}]\nuse_cpu: true\nbf16: false\n"
+        f"output_dir: {tmp_path / 'out'}\nreport_to: none\nval_benchmarks: [{tmp_path / 'missing.jsonl'}]\n"
+    )
+    with pytest.raises(Exception, match=r"val_benchmarks: .*missing\.jsonl") as error:
+        train.main(["--config", str(recipe)])
+    assert "no-such-model" not in str(error.value)
+
+
 def test_main_validates_during_training_from_recipe_fields(tmp_path, tiny_model_dir, captured_trainer):
     """`val_*` recipe fields attach the validation callback: val/<benchmark>/mean@n lands in the log history."""
     bench = tmp_path / "bench.jsonl"

@@ -131,13 +131,13 @@ class ScriptArguments:
 
     def __post_init__(self):
         # argparse checks neither the types nor the choices of values that come from the YAML file.
-        for name in ("dataset_name", "eval_dataset_name"):
+        for name in ("dataset_name", "eval_dataset_name", "val_benchmarks"):
             value = getattr(self, name)
             if value is not None and not (
                 isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
             ):
                 raise ValueError(
-                    f"{name} must be a string or a list of strings (mix or registry names, local files), got "
+                    f"{name} must be a string or a list of strings (names or local files), got "
                     f"{value!r}."
                 )
         for name in ("dataset_split", "problem_field", "answer_field", "instruction"):
@@ -165,8 +165,14 @@ class ScriptArguments:
 
             if not isinstance(self.val_preset, str) or self.val_preset not in EVAL_PRESETS:
                 raise ValueError(f"val_preset must be one of {list(EVAL_PRESETS)} or null, got {self.val_preset!r}.")
-        if self.val_scorer is not None and not isinstance(self.val_scorer, str):
-            raise ValueError(f"val_scorer must be a string ('strict', 'aime2024=dapo', ...), got {self.val_scorer!r}.")
+        if self.val_scorer is not None:
+            if not isinstance(self.val_scorer, str):
+                raise ValueError(
+                    f"val_scorer must be a string ('strict', 'aime2024=dapo', ...), got {self.val_scorer!r}."
+                )
+            from ..evaluation.scorers import check_scorer, parse_scorer
+
+            check_scorer(parse_scorer(self.val_scorer), "val_scorer")
         every = self.val_every_steps
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"val_every_steps must be an integer >= 1, got {every!r}.")

@@ -236,8 +236,9 @@ def validation_settings(script_args: ScriptArguments) -> dict | None:
     return settings
 
 
-def build_validation(script_args: ScriptArguments, trainer):
-    """Attach the validation callback the `val_*` fields describe to `trainer` (None when there is none)."""
+def build_validation(script_args: ScriptArguments, trainer=None):
+    """The validation callback the `val_*` fields describe (None when there is none), its benchmarks loaded and every
+    setting checked; attached to `trainer` when one is given (else call ``callback.attach(trainer)``)."""
     settings = validation_settings(script_args)
     if settings is None:
         return None
@@ -266,6 +267,7 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
         train_dataset = load_train_data(script_args, tokenizer, template_kwargs)
         evaluate = training_args.eval_strategy != "no"
         eval_dataset = load_eval_data(script_args, tokenizer, template_kwargs) if evaluate else None
+        validation = build_validation(script_args)  # benchmarks loaded and checked before the model loads
     if script_args.eval_dataset_name and eval_dataset is None:
         logger.warning("eval_dataset_name is set but eval_strategy is 'no': no evaluation during training.")
 
@@ -284,7 +286,8 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
         quantization_config=get_quantization_config(model_args),
         peft_config=get_peft_config(model_args),
     )
-    validation = build_validation(script_args, trainer)
+    if validation is not None:
+        validation.attach(trainer)
     validating = f" | validation every {script_args.val_every_steps} steps" if validation is not None else ""
     trainer.accelerator.print(describe_run(trainer) + validating)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
