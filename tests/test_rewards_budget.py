@@ -1,8 +1,8 @@
 r"""A reward call is bounded as a whole, verifier processes die with their parent, bad ground truths never raise.
 
-Timing tests use fake verifier processes (the real worker loop with `math_verify` replaced by a function that
-sleeps on answers starting with ``slow`` and accepts those starting with ``right``), so that their timing is
-deterministic; bounds are asserted with generous slack.
+Timing tests use fake verifier processes (the real worker loop of `trl_bandpo.worker_pool` with `math_verify`
+replaced by a function that sleeps on answers starting with ``slow`` and accepts those starting with ``right``), so
+that their timing is deterministic; bounds are asserted with generous slack.
 """
 
 import logging
@@ -19,31 +19,34 @@ from pathlib import Path
 
 import pytest
 
-from trl_bandpo import verifier
+from trl_bandpo import verifier, worker_pool
 from trl_bandpo.rewards import math_verify_reward, score_completions
 
 REPO = Path(__file__).resolve().parents[1]
 SLACK_S = 4.0  # start-up of fake workers, a loaded machine
 
-FAKE_BOOTSTRAP = (
-    "import importlib.util, sys, time\n"
-    "spec = importlib.util.spec_from_file_location('_fake_verifier', sys.argv[1])\n"
-    "module = importlib.util.module_from_spec(spec)\n"
-    "spec.loader.exec_module(module)\n"
-    "def fake_equal(gold, answer, timeout_s=None):\n"
-    "    if answer.startswith('slow'):\n"
-    "        time.sleep(600)\n"
-    "    return answer.startswith('right')\n"
-    "module._math_verify_equal = fake_equal\n"
-    "module._worker_main(*map(int, sys.argv[2:]))\n"
-)
+FAKE_ENTRY = """
+import time
+
+
+def fake_equal(gold, answer):
+    if answer.startswith("slow"):
+        time.sleep(600)
+    return answer.startswith("right")
+
+
+def worker_handler():
+    return fake_equal
+"""
 
 
 @pytest.fixture
-def fake_workers(monkeypatch):
-    """Verifier processes running `FAKE_BOOTSTRAP`, with an empty verdict cache; the real pool comes back after."""
+def fake_workers(monkeypatch, tmp_path):
+    """Verifier processes serving `FAKE_ENTRY`, with an empty verdict cache; the real pool comes back after."""
+    (tmp_path / "fake_verifier.py").write_text(FAKE_ENTRY)
     verifier._POOL.shutdown()
-    monkeypatch.setattr(verifier, "_WORKER_BOOTSTRAP", FAKE_BOOTSTRAP)
+    monkeypatch.setattr(verifier._POOL, "path", str(tmp_path / "fake_verifier.py"))
+    monkeypatch.setattr(verifier._POOL, "function", "worker_handler")
     monkeypatch.setattr(verifier, "_VERDICTS", OrderedDict())
     yield
     verifier._POOL.shutdown()
@@ -84,13 +87,13 @@ def test_default_budget_bounds_a_batch_of_slow_answers(fake_workers):
 
 def test_an_answer_that_timed_out_is_not_verified_again_with_another_gold(fake_workers, monkeypatch):
     starts = []
-    original_init = verifier._Worker.__init__
+    original_init = worker_pool._Worker.__init__
 
-    def counting_init(self):
+    def counting_init(self, command):
         starts.append(time.monotonic())
-        original_init(self)
+        original_init(self, command)
 
-    monkeypatch.setattr(verifier._Worker, "__init__", counting_init)
+    monkeypatch.setattr(worker_pool._Worker, "__init__", counting_init)
     started = time.monotonic()
     flags = score_completions(boxed(["slow"] * 8), [f"gold{i}" for i in range(8)], timeout_s=0.5, num_workers=1)
     elapsed = time.monotonic() - started
@@ -210,3 +213,58 @@ def test_busy_workers_die_with_a_killed_scorer():
 def test_no_budget_means_no_cut_off(fake_workers):
     flags = score_completions(boxed(["right1", "right2"]), ["g", "g"], num_workers=1, call_timeout_s=math.inf)
     assert flags == [True, True]
+
+
+IMPORTS = r"""
+import os, threading
+import trl_bandpo.rewards, trl_bandpo.strict_grader, trl_bandpo.verifier, trl_bandpo.worker_pool
+children = [open(f"/proc/self/task/{task}/children").read().split() for task in os.listdir("/proc/self/task")]
+print(threading.active_count(), sum(map(len, children)))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_importing_starts_no_thread_and_no_process():
+    out = subprocess.run([sys.executable, "-c", IMPORTS], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["1", "0"]  # one Python thread (the main one), no child process
+
+
+def test_worker_files_load_without_the_package():
+    """A worker loads its files by path: neither `trl_bandpo` (heavy) nor the caller's `__main__` is imported."""
+    files = [worker_pool.__file__, verifier.__file__, REPO / "trl_bandpo" / "strict_grader" / "_grade.py"]
+    code = worker_pool._LOADER + (
+        "for path in sys.argv[1:]:\n"
+        "    load(path)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('trl_bandpo', 'torch', '__mp_main__')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *map(str, files)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_cap_their_address_space(fake_workers):
+    assert score_completions(boxed(["right"]), ["g"], num_workers=1) == [True]
+    (worker,) = verifier._POOL._idle
+    limits = Path(f"/proc/{worker.process.pid}/limits").read_text()
+    (line,) = [line for line in limits.splitlines() if line.startswith("Max address space")]
+    assert line.split()[3] == str(worker_pool.WORKER_MEMORY_BYTES)  # the soft limit
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_forked_child_starts_its_own_workers(fake_workers):
+    assert score_completions(boxed(["right"]), ["g"], num_workers=1) == [True]
+    (parent_worker,) = verifier._POOL._idle
+    pid = os.fork()
+    if pid == 0:  # the child: it must not use the parent's pipes
+        ok = False
+        try:
+            ok = score_completions(boxed(["right2"]), ["g"], num_workers=1, call_timeout_s=30) == [True]
+            ok = ok and len(verifier._POOL._idle) == 1 and verifier._POOL._idle[0] is not parent_worker
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert parent_worker.alive() and verifier._POOL._idle == [parent_worker]
+    assert score_completions(boxed(["right3"]), ["g"], num_workers=1, call_timeout_s=30) == [True]

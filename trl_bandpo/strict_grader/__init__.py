@@ -44,9 +44,10 @@ BandPO authors' environment pins 4.9.3.) A Python list against a ``pmatrix``, wh
 **Safety and time.** Model output is never executed: where ``prime_math`` calls sympy's ``parse_expr`` or Python's
 ``eval``, we parse with Python's `ast` and build the value from a whitelist (numbers, ``pi``, ``oo``, ``E``,
 ``I``, ``sqrt``, ``log``/``ln``, ``exp``, ``re``, ``im``, ``sin``, ``cos``, ``tan``, ``Abs``, factorials, symbols,
-arithmetic). The string stages run in the calling process; the rest runs in a worker process (`_pool`) that is
-killed when the answer takes longer than ``timeout_s`` (wall clock, from any thread), and the answer is then wrong.
-On systems without POSIX pipes it runs in-process without a time bound.
+arithmetic). The string stages run in the calling process; the rest runs in a worker process
+(`trl_bandpo.worker_pool`, one pair per call) that is killed when the answer takes longer than ``timeout_s`` (wall
+clock, from any thread), and the answer is then wrong. On systems without POSIX pipes it runs in-process without a
+time bound.
 
 **Where we may differ from ``prime_math``:**
 
@@ -78,8 +79,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..answers import completion_text, extract_boxed_answer, gold_alternatives
+from ..worker_pool import WORKER_START_TIMEOUT_S, WorkerPool
+from . import _grade
 from ._grade import grade, quick_match
-from ._pool import WORKER_START_TIMEOUT_S, run_grade, shutdown
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -87,7 +89,6 @@ __all__ = [
     "WORKER_START_TIMEOUT_S",
     "extract_answer",
     "grade_answer",
-    "shutdown",
     "strict_score",
     "strict_scores",
 ]
@@ -95,6 +96,8 @@ __all__ = [
 DEFAULT_TIMEOUT_S = 10.0  # prime_math's limit for one sympy comparison
 MAX_CHARS = 10_000  # longer answers (or gold answers) are wrong without any work
 _MARKERS = ("be ", "is ", "are ", "=", ": ", "get ", "be\n", "is\n", "are\n", ":\n", "get\n")
+# Workers run `_grade.worker_handler` (with `_grade`'s two sibling modules, not trl_bandpo); idle ones stop at exit.
+_POOL = WorkerPool(_grade.__file__, "worker_handler", name="strict-grader", max_idle=8)
 
 
 def _check_timeout(timeout_s: Any) -> float:
@@ -147,7 +150,7 @@ def grade_answer(given: Any, gold: Any, timeout_s: float = DEFAULT_TIMEOUT_S) ->
         return False
     if os.name != "posix":
         return grade(given, gold)
-    return run_grade(given, gold, timeout_s)
+    return _POOL.run([(given, gold)], timeout_s)[0] is True  # too slow, or crashed its worker: wrong
 
 
 def _gold_strings(gold: Any) -> list[str]:

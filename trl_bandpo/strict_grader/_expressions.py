@@ -52,7 +52,7 @@ def read_expression(text: str, implicit: bool) -> object:
     while pos < end:
         match = _TOKEN.match(text, pos)
         if match is None:
-            raise ValueError(f"cannot read {text[pos:pos + 10]!r}")
+            raise ValueError(f"cannot read {text[pos : pos + 10]!r}")
         pos = match.end()
         if match["num"]:
             tokens.append(("num", match["num"]))
@@ -200,5 +200,3 @@ def python_value(text: str) -> object:
         return value(_parse(text))
     except (SyntaxError, TypeError, ArithmeticError, RecursionError, MemoryError) as error:
         raise ValueError(str(error)) from None
-
-

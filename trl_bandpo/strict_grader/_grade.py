@@ -5,18 +5,15 @@ it fails, ToRA's ``math_equal`` (`tora_equal`, tried with pi = 3.14159... and pi
 ``\pi``). Model output is never handed to ``eval``, ``sympify`` or ``parse_expr``: `read_expression` and
 `python_value` (in `_expressions`) parse it with Python's `ast` and build values from a whitelist. This file
 imports only the standard library at import time (sympy on first use): `trl_bandpo.strict_grader` runs it in
-worker processes, loaded with its two sibling modules as a stand-alone package, and kills a worker that exceeds
-the time limit.
+worker processes (`worker_handler`), loaded with its two sibling modules as a stand-alone package, and kills a
+worker that exceeds the time limit.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import re
-import sys
 
 from ._expressions import python_value, read_expression
 from ._normalize import is_frac, mathd_normalize, prm_normalize, str_is_int, strip_formatted_commas
@@ -226,33 +223,7 @@ def grade(given: str, gold: str) -> bool:
         return False
 
 
-def worker_main() -> None:
-    """Read ``[given, gold, timeout_s]`` JSON lines on stdin, write ``1``/``0`` lines; exit at end of input."""
-    with contextlib.suppress(ImportError, ValueError, OSError):
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (4 * 1024**3, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    protocol = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # stray prints must not corrupt the protocol
-    sys.stdout = sys.stderr
-    grade("x", "2x")  # import sympy before saying ready
-    protocol.write("ready\n")
-    for line in sys.stdin:
-        try:
-            given, gold, timeout_s = json.loads(line)
-            _limit_cpu(float(timeout_s))
-            verdict = grade(str(given), str(gold))
-        except (ValueError, TypeError, RecursionError, MemoryError):
-            verdict = False
-        protocol.write("1\n" if verdict else "0\n")
-
-
-def _limit_cpu(timeout_s: float) -> None:
-    """Let the kernel kill this worker (SIGXCPU) if one answer uses far more CPU time than its wall-clock limit, so
-    that an orphaned worker (its parent gone while it computes) cannot run on."""
-    with contextlib.suppress(ImportError, ValueError, OSError):
-        import resource
-
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        soft = int(usage.ru_utime + usage.ru_stime + 2 * timeout_s + 5)
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.getrlimit(resource.RLIMIT_CPU)[1]))
+def worker_handler():
+    """A worker's entry point (`trl_bandpo.worker_pool`): import sympy, then grade ``(given, gold)`` pairs."""
+    grade("x", "2x")
+    return lambda given, gold: grade(str(given), str(gold))

@@ -218,8 +218,20 @@ _LETTERLIKE = {
     ("ITALIC", "h"): "ℎ",
 }
 _SWALLOWED = ("mbox", "texttt", "hspace", "vspace")  # their argument is dropped too
-_GREEK_VARIANTS = {"epsilon": "ϵ", "varepsilon": "ε", "phi": "ϕ", "varphi": "φ", "vartheta": "ϑ", "varpi": "ϖ",
-                   "varrho": "ϱ", "varsigma": "ς", "varkappa": "ϰ", "digamma": "ϝ", "lambda": "λ", "Lambda": "Λ"}
+_GREEK_VARIANTS = {
+    "epsilon": "ϵ",
+    "varepsilon": "ε",
+    "phi": "ϕ",
+    "varphi": "φ",
+    "vartheta": "ϑ",
+    "varpi": "ϖ",
+    "varrho": "ϱ",
+    "varsigma": "ς",
+    "varkappa": "ϰ",
+    "digamma": "ϝ",
+    "lambda": "λ",
+    "Lambda": "Λ",
+}
 _CONTROL_WORD = re.compile(r"\\([A-Za-z]+)\s*")  # a macro name takes the spaces after it
 
 
