@@ -2,7 +2,6 @@
 
     python benchmarks/bench_band.py --device cpu                       # sizes 1e4, 1e5, 1e6
     python benchmarks/bench_band.py --device cuda --sweep              # sizes 32k, 512k, 1M, 8M, + launch configs
-    python benchmarks/bench_band.py --device cuda --surrogate-only --upper-max 10 --delta 10   # fused loss, 1M
 
 Methods (all on the same float old log-probs, delta = --radius, no cap unless --upper-max):
 - authors-bisection: plain vectorised torch bisection on the binary-KL equation, <= 50 iterations per bound, early
@@ -150,11 +149,6 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="CPU timing: wall or CPU time")
     parser.add_argument("--sweep", action="store_true", help="CUDA: also time the kernel's BLOCK_SIZE / num_warps")
-    parser.add_argument("--surrogate", action="store_true", help="also time the Band-clipped surrogate loss")
-    parser.add_argument("--surrogate-only", action="store_true", help="time only the Band-clipped surrogate loss")
-    parser.add_argument("--surrogate-tokens", type=int, default=1 << 20, help="surrogate: tokens (default 1M)")
-    parser.add_argument("--surrogate-row", type=int, default=2048, help="surrogate: tokens per row (B = N / T)")
-    parser.add_argument("--delta", type=float, default=None, help="surrogate: dual-clip constant (TRL's delta)")
     args = parser.parse_args(argv)
     cuda = args.device == "cuda"
     if args.threads:
@@ -168,11 +162,10 @@ def main(argv=None):
 
     print(header(args))
     print()
-    if args.surrogate_only:
-        surrogate_benchmark(args, timer)
-        return
-    print("| tokens | method | median ms | GB/s | speed-up vs authors | speed-up vs torch solver | x copy time "
-          "| max rel. error |")
+    print(
+        "| tokens | method | median ms | GB/s | speed-up vs authors | speed-up vs torch solver | x copy time "
+        "| max rel. error |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     sweep_rows = []
     for n in args.sizes:
@@ -218,103 +211,6 @@ def main(argv=None):
         print("| tokens | BLOCK_SIZE | num_warps | median ms | x copy time |")
         print("|---:|---:|---:|---:|---:|")
         print("\n".join(sweep_rows))
-    if args.surrogate:
-        print()
-        surrogate_benchmark(args, timer)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The Band-clipped surrogate loss, forward + backward (`--surrogate`, `--surrogate-only`)
-
-
-def trl_clip_loss(logps, old_logps, advantages, low=0.8, high=1.28):
-    """TRL's plain clipped surrogate with Clip-Higher bounds: `-min(r A, clamp(r, 0.8, 1.28) A)`."""
-    ratio = torch.exp(logps - old_logps)
-    return -torch.min(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
-
-
-def surrogate_benchmark(args, timer):
-    """Per-token Band-clipped surrogate loss and its gradient on N tokens shaped (N / T, T), advantages (N / T, 1):
-    - fused-triton: `band_clipped_surrogate_triton` (one kernel: bounds, ratio, loss and gradient; the backward
-      is one product with the saved gradient);
-    - triton-bounds + torch loss: `band_bounds(solver="triton")` + `clipped_surrogate_loss` + autograd (what
-      `policy_loss("band", ...)` runs on CUDA today);
-    - torch-path: `band_bounds(solver="torch")` + `clipped_surrogate_loss` + autograd;
-    - trl-clip: TRL's `-min(r A, clamp(r, 0.8, 1.28) A)` + autograd (no Band: the floor for a clipped loss).
-    "fwd" is the forward alone (building the graph), "fwd+bwd" adds `torch.autograd.grad` with ones as the upstream
-    gradient. Errors are against the torch path in float64: the largest `|loss - ref| / max(|A|, |ref|)`, and the
-    number of tokens whose gradient differs by more than `1e-4 |A r|` (a token within the solvers' difference of a
-    bound can flip region)."""
-    from trl_bandpo.kernels import triton_unavailable_reason
-    from trl_bandpo.kernels.band_surrogate import band_clipped_surrogate, band_clipped_surrogate_triton
-    from trl_bandpo.losses import clipped_surrogate_loss
-
-    device, dtype = args.device, DTYPES[args.dtype]
-    cols = max(1, min(args.surrogate_row, args.surrogate_tokens))
-    rows = max(1, args.surrogate_tokens // cols)
-    n = rows * cols
-    radius, upper_max, delta = args.radius, args.upper_max, args.delta
-    old = make_logps(n, device, dtype).reshape(rows, cols)
-    g = torch.Generator(device=device).manual_seed(1)
-    noise = torch.randn(rows, cols, generator=g, device=device, dtype=torch.float64)
-    logps = (old.double() + 0.3 * noise).to(dtype)  # log r ~ N(0, 0.3^2): every region is populated
-    adv = torch.randn(rows, 1, generator=g, device=device, dtype=torch.float32)
-
-    methods = {}
-    if triton_unavailable_reason(old) is None:
-        methods["fused-triton"] = lambda lp: band_clipped_surrogate_triton(
-            lp, old, adv, radius, upper_max=upper_max, delta=delta
-        )
-
-        def triton_bounds_torch_loss(lp):
-            lower, upper = band_bounds(old, radius, solver="triton", upper_max=upper_max)
-            return clipped_surrogate_loss(lp - old, adv, lower, upper, delta=delta)
-
-        methods["triton-bounds + torch loss"] = triton_bounds_torch_loss
-    methods["torch-path"] = lambda lp: band_clipped_surrogate(
-        lp, old, adv, radius, upper_max=upper_max, delta=delta, solver="torch"
-    )
-    methods["trl-clip (0.8, 1.28)"] = lambda lp: trl_clip_loss(lp, old, adv)
-
-    x64 = logps.double().requires_grad_()
-    ref_loss = band_clipped_surrogate(x64, old.double(), adv.double(), radius, upper_max=upper_max, delta=delta,
-                                      solver="torch")
-    (ref_grad,) = torch.autograd.grad(ref_loss, x64, torch.ones_like(ref_loss))
-    ref_loss = ref_loss.detach()
-    scale_loss = torch.maximum(adv.double().abs().expand_as(ref_loss), ref_loss.abs())
-    scale_grad = (adv.double() * (logps.double() - old.double()).exp()).abs()
-
-    print(
-        f"Band-clipped surrogate (KL, radius {radius}, upper_max {upper_max}, delta {delta}), {n:,} tokens as "
-        f"({rows}, {cols}), {args.dtype} log-probs, float32 advantages per row"
-    )
-    print()
-    print("| tokens | method | fwd ms | fwd+bwd ms | fwd+bwd x trl-clip | max rel. loss error | grad tokens off |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
-    results = {}
-    for name, fn in methods.items():
-        x = logps.clone().requires_grad_()
-        ones = torch.ones_like(fn(x))
-
-        def forward(fn=fn, x=x):
-            return fn(x)
-
-        def forward_backward(fn=fn, x=x, ones=ones):
-            return torch.autograd.grad(fn(x), x, ones)
-
-        fwd, both = timer(forward), timer(forward_backward)
-        loss = fn(x)
-        (grad,) = torch.autograd.grad(loss, x, ones)
-        if name.startswith("trl-clip"):
-            errors = ("", "")
-        else:
-            loss_err = ((loss.detach().double() - ref_loss).abs() / scale_loss).nan_to_num(0.0).max().item()
-            off = int(((grad.double() - ref_grad).abs() > 1e-4 * scale_grad + 1e-30).sum().item())
-            errors = (f"{loss_err:.2e}", f"{off:,}")
-        results[name] = (fwd, both, errors)
-    base = results["trl-clip (0.8, 1.28)"][1]
-    for name, (fwd, both, (loss_err, off)) in results.items():
-        print(f"| {n:,} | {name} | {fwd:.3f} | {both:.3f} | {both / base:.2f} | {loss_err} | {off} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Everything this project checks on a CUDA machine, in one time-boxed go: the kernels' GPU tests and benchmarks, the
-# fused surrogate against TRL's loss, and real training runs of BandPO / DGPO against TRL's GRPOTrainer (plain and
-# under DeepSpeed ZeRO-3). Steps run most important first; each is time-boxed, and no step starts once the budget
-# RUN_GPU_BUDGET_S (default 540 s) is spent, so a device call with timeout_s=600 always returns the outputs.
+# Everything this project checks on a CUDA machine, in one time-boxed go: the kernels' GPU tests and benchmarks, and
+# real training runs of BandPO / DGPO against TRL's GRPOTrainer (plain and under DeepSpeed ZeRO-3). Steps run most
+# important first; each is time-boxed, and no step starts once the budget RUN_GPU_BUDGET_S (default 540 s) is spent,
+# so a device call with timeout_s=600 always returns the outputs.
 #
 #   bash benchmarks/gpu_wheels.sh                 # here, once: .whl/ with trl, datasets, math-verify, deepspeed
 #   bash benchmarks/run_gpu.sh                    # there: writes to $OUT if set, else /tmp/trl_bandpo_gpu_out/
@@ -15,12 +15,11 @@
 # A machine without trl gets it from .whl/ (installed with --no-deps into /tmp/site, put first on PYTHONPATH).
 # Steps and outputs (in results.tar.gz):
 #   env            env.txt: device, driver, versions; trl_bandpo's kernels import without trl
-#   gpu_tests      pytest_gpu.txt: tests marked gpu in test_kernels / test_band_radius / test_band_surrogate
-#                  (compiled kernels vs mpmath and the torch solver per dtype, per-token radius without host sync,
-#                  torch.compile, CUDA graphs, > 2^31 elements, the fused surrogate's loss and gradients)
+#   gpu_tests      pytest_gpu.txt: tests marked gpu in test_kernels / test_band_radius (compiled kernels vs mpmath
+#                  and the torch solver per dtype, per-token radius without host sync, torch.compile, CUDA graphs,
+#                  > 2^31 elements)
 #   bench_kl       bench_cuda_float32.md: KL bounds, Triton vs torch solver vs authors'-style bisection vs a copy,
 #                  with the launch-configuration sweep
-#   bench_surr     bench_cuda_surrogate.md: fused surrogate forward + backward vs the torch paths vs TRL's clip loss
 #   train_tiny     bench_train_tiny.md/.json: GRPOTrainer vs BandPOTrainer (clip, band) vs DGPOTrainer, bf16
 #   train_wide     bench_train_wide.md/.json: the same on a hidden-1024, 16-layer model built locally
 #   zero3          bench_train_zero3.md/.json: GRPO vs BandPO under accelerate + DeepSpeed ZeRO-3 (1 process)
@@ -96,7 +95,7 @@ for name in ("triton", "transformers", "accelerate", "peft", "trl", "datasets", 
         versions.append(f"{name} unavailable ({type(err).__name__}: {err})")
 print(" | ".join(versions), "|", torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")
 EOF
-  "$PY" -c "import sys, trl_bandpo.band, trl_bandpo.kernels.band_kl, trl_bandpo.kernels.band_surrogate; \
+  "$PY" -c "import sys, trl_bandpo.band, trl_bandpo.kernels.band_kl; \
 assert 'trl' not in sys.modules, 'the kernels imported trl'; print('trl_bandpo kernels import without trl: ok')"
 } >"$WORK/env.txt" 2>&1 || status=1
 cat "$WORK/env.txt"
@@ -110,21 +109,16 @@ if [[ -n "$REHEARSAL" ]]; then  # CPU: the same steps, sized to finish
   ZERO3=(--sizes tiny --steps 8 --batch 16 --length 16 --rounds 1)
   ZERO3_CONFIG=tests/scripts/zero3_cpu.yaml
   SIZES=(--sizes 65536 --repeats 3)
-  SURROGATE=(--surrogate-tokens 65536 --repeats 3)
 else
   TINY=(--sizes tiny --steps 16 --batch 32 --length 64 --rounds 2)
   WIDE=(--sizes wide --steps 12 --batch 128 --length 128 --rounds 2)
   ZERO3=(--sizes wide --steps 8 --batch 64 --length 64 --rounds 1)
   ZERO3_CONFIG=accelerate_configs/zero3.yaml
   SIZES=()
-  SURROGATE=()
 fi
 
-run_step gpu_tests 220 pytest_gpu.txt "${PYTEST[@]}" tests/test_kernels.py tests/test_band_radius.py \
-  tests/test_band_surrogate.py -m gpu -v -rA
+run_step gpu_tests 220 pytest_gpu.txt "${PYTEST[@]}" tests/test_kernels.py tests/test_band_radius.py -m gpu -v -rA
 run_step bench_kl 90 bench_cuda_float32.md "$PY" benchmarks/bench_band.py --device "$DEVICE" --sweep "${SIZES[@]}"
-run_step bench_surr 45 bench_cuda_surrogate.md "$PY" benchmarks/bench_band.py --device "$DEVICE" --surrogate-only \
-  --upper-max 10 --delta 10 "${SURROGATE[@]}"
 run_step train_tiny 60 bench_train_tiny.log "${TRAIN[@]}" "${TINY[@]}" --out "$WORK/bench_train_tiny.md"
 run_step train_wide 120 bench_train_wide.log "${TRAIN[@]}" "${WIDE[@]}" --out "$WORK/bench_train_wide.md"
 run_step zero3 90 bench_train_zero3.log "$PY" -m accelerate.commands.launch --config_file "$ZERO3_CONFIG" \

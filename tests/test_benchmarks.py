@@ -55,8 +55,7 @@ def test_run_gpu_script_parses_and_its_files_exist():
         assert (ROOT / path).exists(), path
     steps = re.findall(r"^run_step (\w+) (\d+) ", text, flags=re.M)
     assert [name for name, _ in steps] == [
-        "gpu_tests", "bench_kl", "bench_surr", "train_tiny", "train_wide", "zero3", "entropies", "bench_bf16",
-        "interpreter",
+        "gpu_tests", "bench_kl", "train_tiny", "train_wide", "zero3", "entropies", "bench_bf16", "interpreter",
     ]  # fmt: skip
     for name, _ in steps:  # every step is documented in the header
         assert re.search(rf"^#\s+{name}\s", text, flags=re.M), name

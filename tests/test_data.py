@@ -5,7 +5,6 @@ import json
 import datasets
 import pytest
 
-from trl_bandpo import data
 from trl_bandpo.data import (
     BOXED_INSTRUCTION,
     DATASETS,
@@ -211,4 +210,3 @@ def test_load_eval_benchmarks_accepts_paths_names_and_datasets(aime_like):
     assert len(loaded["mine"]) == 2 and loaded["mine"]["data_source"] == ["mine", "mine"]
     passed = load_eval_benchmarks({"given": already}, max_problems=1)
     assert len(passed["given"]) == 1
-    assert data.BANDPO_EVAL_BENCHMARKS == ("amc2023", "aime2024", "aime2025")

@@ -53,13 +53,12 @@ the 12,000-problem MATH train split of nlile/hendrycks-MATH-benchmark, with its 
 ``dgpo`` mix is DAPO-Math-17k as released (``dapo-math-17k-original``: each of its ~17k problems stored about a
 hundred times, Chinese problems included), de-duplicated. DAPO's "Answer:" template is removed from problems that
 carry it, then the chosen template is applied. The BandPO authors validate on aime2024, aime2025 and amc2023
-(`BANDPO_EVAL_BENCHMARKS`); the DGPO paper's AIME copies are aime2024-math-ai and aime2025-math-ai.
+(the ``bandpo`` preset of `trl_bandpo.evaluation`); the DGPO paper's AIME copies are aime2024-math-ai and
+aime2025-math-ai.
 """
 
 from .lengths import drop_long_prompts, prompt_lengths
 from .loading import (
-    ANSWER_FIELD_CANDIDATES,  # noqa: F401 - public, though outside `__all__`
-    PROBLEM_FIELD_CANDIDATES,  # noqa: F401 - public, though outside `__all__`
     get_field,
     load_eval_benchmarks,
     load_math_dataset,
@@ -67,7 +66,6 @@ from .loading import (
 )
 from .prompts import BOXED_INSTRUCTION, DAPO_PROMPT_PREFIX, DAPO_PROMPT_SUFFIX, PROMPT_TEMPLATES, format_prompt
 from .registry import (
-    BANDPO_EVAL_BENCHMARKS,  # noqa: F401 - public, though outside `__all__`
     DATASETS,
     EVAL_BENCHMARKS,
     TRAINING_MIXES,

@@ -2,8 +2,8 @@
 
 `DATASETS` maps a registry name to its `DatasetSpec` (the BandPO/DGPO training sets, the six evaluation benchmarks
 and alternative copies of some of them; the table in `trl_bandpo.data` lists them), `resolve_dataset_name` accepts
-aliases such as ``"aime24"``, and `EVAL_BENCHMARKS` / `BANDPO_EVAL_BENCHMARKS` / `TRAINING_MIXES` name the sets the
-papers evaluate and train on.
+aliases such as ``"aime24"``, and `EVAL_BENCHMARKS` / `TRAINING_MIXES` name the sets the papers evaluate and train
+on.
 
 Where the BandPO training sets come from (the authors' public data-preparation scripts, github.com/OpenMOSS/BandPO):
 DAPO-Math-17k is the English configuration ``en`` of ``open-r1/DAPO-Math-17k-Processed`` (DAPO-Math-17k
@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
-    "BANDPO_EVAL_BENCHMARKS",
     "DATASETS",
     "EVAL_BENCHMARKS",
     "TRAINING_MIXES",
@@ -156,7 +155,6 @@ _ALIASES = {
 EVAL_BENCHMARKS: dict[str, DatasetSpec] = {
     name: DATASETS[name] for name in ("aime2024", "aime2025", "amc2023", "math500", "minerva", "olympiadbench")
 }
-BANDPO_EVAL_BENCHMARKS = ("amc2023", "aime2024", "aime2025")
 # "bandpo": the BandPO authors' two training sources; "dgpo": DAPO-Math-17k as released, unchanged.
 TRAINING_MIXES: dict[str, tuple[str, ...]] = {
     "bandpo": ("dapo-math-17k", "math-level3to5"),

@@ -2,7 +2,6 @@
 
 - `band_kl.py`: the KL Band bounds (`band_bounds(..., solver="triton")`), registered here with
   `trl_bandpo.band.register_kernel_solver`, so `band_bounds(..., solver="auto")` uses it wherever it can run.
-- `band_surrogate.py`: the whole Band-clipped per-token loss and its gradient in one pass.
 - `runtime.py`: where kernels can run (CUDA, or CPU under `TRITON_INTERPRET=1`).
 """
 
@@ -11,7 +10,7 @@ from __future__ import annotations
 from ..band import KernelSolver, register_kernel_solver
 from .runtime import interpreter_enabled, triton_unavailable_reason
 
-__all__ = ["band_bounds_kl_triton", "band_clipped_surrogate", "interpreter_enabled", "triton_unavailable_reason"]
+__all__ = ["band_bounds_kl_triton", "interpreter_enabled", "triton_unavailable_reason"]
 
 
 def band_bounds_kl_triton(old_logps, radius, *, upper_max=None, relax=None):
@@ -20,13 +19,6 @@ def band_bounds_kl_triton(old_logps, radius, *, upper_max=None, relax=None):
     from .band_kl import band_bounds_kl_triton as launch
 
     return launch(old_logps, radius, upper_max=upper_max, relax=relax)
-
-
-def band_clipped_surrogate(*args, **kwargs):
-    """The fused Band-clipped surrogate (see `band_surrogate.band_clipped_surrogate`)."""
-    from .band_surrogate import band_clipped_surrogate as fused
-
-    return fused(*args, **kwargs)
 
 
 register_kernel_solver(

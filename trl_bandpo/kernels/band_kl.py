@@ -1,13 +1,13 @@
 """Fused Triton kernel for the KL Band bounds (`band_bounds(..., divergence="kl")`).
 
 One program reads a block of `old_logps` once and writes `lower` and `upper`: both roots of the binary-KL equation
-(docs/band-operator.md) by the algorithm of the torch solver in `trl_bandpo.band` (`_kl_bounds`,
+(docs/band-operator.md) by the algorithm of the torch solver in `trl_bandpo.band_solvers` (`kl_bounds`,
 `_solve_binary_kl_lower`):
 safeguarded Newton in log space from the chi-square start, `KL_NEWTON_STEPS[dtype]` steps, both roots as
 "lower roots" via the symmetry (p, q) -> (1-p, 1-q), then the `upper_max` cap and the `relax` union.
 fp16 / bf16 / fp32 input is solved in fp32 and written as fp32; fp64 input is solved and written in fp64.
 
-`radius` is one float (a kernel argument, as it always was) or a tensor of per-token radii (docs/band-operator.md,
+`radius` is one float (a kernel argument) or a tensor of per-token radii (docs/band-operator.md,
 "Per-token radius"): `RADIUS_MODE` 1 loads one radius for every element (stride 0), 2 one per element (the radii
 broadcast to `old_logps` and flattened like it). The kernel checks each loaded radius (NaN, infinite or <= 0 gives
 NaN bounds there), rounds it to the compute dtype and clamps it at `KL_SATURATION_RADIUS`, exactly as the torch
@@ -121,21 +121,6 @@ def _kl_lower_root_log_ratio(s, one_minus_s, radius, tiny, t_min, NEWTON_STEPS: 
 
 
 @triton.jit
-def _kl_band_bounds(logp, radius, tiny, t_min, NEWTON_STEPS: tl.constexpr):
-    """Uncapped KL Band bounds `(lower, upper)` for `logp <= 0` (shared with `band_surrogate.py`).
-
-    Both roots are "lower roots" by the symmetry (p, q) -> (1-p, 1-q) of the binary KL (docs/band-operator.md)."""
-    p = _exp(logp)
-    one_minus_p = -_expm1(logp)
-    t_low = _kl_lower_root_log_ratio(p, one_minus_p, radius, tiny, t_min, NEWTON_STEPS)
-    t_high = _kl_lower_root_log_ratio(one_minus_p, p, radius, tiny, t_min, NEWTON_STEPS)
-    lower = _exp(t_low)
-    # upper = q / p with 1 - q = (1 - p) e^t_high, without the cancellation of 1 - (1 - q) when q is small
-    upper = _exp(t_high) - _expm1(t_high) * _exp(-logp)
-    return lower, upper
-
-
-@triton.jit
 def _band_kl_kernel(
     logp_ptr,
     radius_ptr,
@@ -175,7 +160,14 @@ def _band_kl_kernel(
 
     is_nan = x != x
     logp = tl.minimum(x, 0.0)  # positive log-probabilities count as p = 1
-    lower, upper = _kl_band_bounds(logp, radius, tiny, t_min, NEWTON_STEPS)
+    # Both roots are "lower roots" by the symmetry (p, q) -> (1-p, 1-q) of the binary KL (docs/band-operator.md).
+    p = _exp(logp)
+    one_minus_p = -_expm1(logp)
+    t_low = _kl_lower_root_log_ratio(p, one_minus_p, radius, tiny, t_min, NEWTON_STEPS)
+    t_high = _kl_lower_root_log_ratio(one_minus_p, p, radius, tiny, t_min, NEWTON_STEPS)
+    lower = _exp(t_low)
+    # upper = q / p with 1 - q = (1 - p) e^t_high, without the cancellation of 1 - (1 - q) when q is small
+    upper = _exp(t_high) - _expm1(t_high) * _exp(-logp)
     upper = tl.minimum(upper, tl.full([BLOCK_SIZE], cap_arg, COMPUTE_DTYPE))
     if HAS_RELAX:
         lower = tl.minimum(lower, tl.full([BLOCK_SIZE], relax_lower_arg, COMPUTE_DTYPE))
