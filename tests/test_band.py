@@ -460,7 +460,8 @@ def test_range_invariant(divergence, dtype, radius):
     lower, upper = lower.double(), upper.double()
     finite = torch.isfinite(lower) & torch.isfinite(upper)
     assert bool(finite.all()), [
-        (lp, lo, up) for lp, lo, up, ok in zip(x.double().tolist(), lower.tolist(), upper.tolist(), finite.tolist())
+        (lp, lo, up)
+        for lp, lo, up, ok in zip(x.double().tolist(), lower.tolist(), upper.tolist(), finite.tolist())
         if not ok
     ]
     assert bool((lower >= 0).all()) and bool((lower <= 1).all())
@@ -539,6 +540,8 @@ def test_auto_equals_torch_on_cpu():
 
 LOGP_IN_RANGE = st.floats(min_value=math.log(1e-8), max_value=math.log1p(-1e-7))
 RADIUS = st.floats(min_value=1e-3, max_value=2.0)
+
+
 def _hyp(max_examples: int):
     return settings(
         max_examples=max_examples, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]

@@ -49,6 +49,7 @@ def _table(summary: str):
 
 def test_files_and_figure(small_run):
     from PIL import Image  # matplotlib (a dependency) brings Pillow
+
     out, _ = small_run
     for name in ("metrics.csv", "figure.png", "summary.md", "results.json", "warmstart/config.json"):
         assert (out / name).is_file(), name
@@ -159,8 +160,14 @@ def test_observations_are_computed_not_asserted():
             "clip_rate_mean_se": 0.001, "heldout_acc_sampled": 0.5, "heldout_acc_sampled_se": 0.005}  # fmt: skip
     rows = {
         "grpo": {**base, "method": "GRPO"},
-        "bandpo": {**base, "method": "BandPO", "entropy_end": 0.3, "tail_share": 0.1, "heldout_acc_sampled": 0.505,
-                   "tail_share_se": float("nan")},  # fmt: skip
+        "bandpo": {
+            **base,
+            "method": "BandPO",
+            "entropy_end": 0.3,
+            "tail_share": 0.1,
+            "heldout_acc_sampled": 0.505,
+            "tail_share_se": float("nan"),
+        },  # fmt: skip
     }
     lines = demo.observations(rows, "grpo", {"sampled": 0.4, "sampled_se": 0.005})
     text = "\n".join(lines)

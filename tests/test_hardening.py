@@ -1,5 +1,5 @@
 """Hostile inputs to the configs, the pure policy-loss API and the trainers: each gets a clear, early error naming the
-field, or is handled correctly (docs/policy-losses.md, "Numerics"; docs/training.md, "Resuming")."""
+field, or is handled correctly (docs/policy-losses.md, "Numerics"; tests/test_checkpointing.py covers resuming)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ import warnings
 
 import pytest
 import torch
-from test_trainers import addition_dataset, shaped_reward, train_args
-from transformers import TrainerCallback
+from test_trainers import addition_dataset
 from trl import GRPOTrainer
 
 from trl_bandpo import BandPOConfig, BandPOTrainer, DGPOTrainer, PolicyLossConfig, PolicyLossTrainer, policy_loss
 from trl_bandpo.band import band_bounds, register_divergence
-from trl_bandpo.losses import POLICY_LOSSES
-from trl_bandpo.numerics import RATIO_LOG_MAX
+from trl_bandpo.losses import POLICY_LOSSES, RATIO_LOG_MAX
 
 CPU = dict(output_dir="unused", use_cpu=True, report_to="none")
 
@@ -38,8 +36,8 @@ def make_config(**kwargs):
         (dict(delta=float("nan")), "delta"),
         (dict(delta=0.5), "delta"),
         (dict(delta=float("inf")), "delta"),
-        (dict(policy_loss="band", band_relax="false"), "band_relax"),
-        (dict(policy_loss="band", band_relax=1), "band_relax"),
+        (dict(dynamic_sampling="false"), "dynamic_sampling"),
+        (dict(dynamic_sampling=1), "dynamic_sampling"),
         (dict(loss_type="foo"), "loss_type"),
         (dict(learning_rate="abc"), "learning_rate"),
         (dict(learning_rate=float("nan")), "learning_rate"),
@@ -70,7 +68,6 @@ def test_config_rejects_with_the_field_name(kwargs, field):
 def test_config_accepts_valid_edge_values():
     assert make_config(delta=1.5).delta == 1.5
     assert make_config(band_upper_max="none").band_upper_max is None  # a YAML/CLI spelling of "no cap"
-    assert make_config(policy_loss="band", band_relax=True).policy_loss == "relaxed_band"
     assert make_config(max_completion_length=1).max_completion_length == 1
 
 
@@ -80,7 +77,7 @@ def test_config_accepts_valid_edge_values():
         ("clip", dict(band_radius=0.1), ["band_radius"]),
         ("band", dict(dgpo_n=2, aspo_c_pos=2.0), ["aspo_c_pos", "dgpo_n"]),
         ("dgpo", dict(band_upper_max=None, ce_gppo_beta1=0.5), ["band_upper_max", "ce_gppo_beta1"]),
-        ("clip", dict(band_relax=True), ["band_relax"]),
+        ("clip", dict(band_divergence="tv", band_solver="torch"), ["band_divergence", "band_solver"]),
     ],
 )
 def test_fields_the_loss_ignores_warn_by_name(policy, kwargs, unused):
@@ -95,7 +92,7 @@ def test_fields_the_loss_reads_do_not_warn():
         warnings.filterwarnings("error", message=".*no effect.*", category=UserWarning)
         make_config(policy_loss="band", band_radius=0.1, band_upper_max=None, band_divergence="tv")
         make_config(policy_loss="dgpo", dgpo_n=2, dgpo_m=3.0)
-        make_config(policy_loss="band", band_relax=True)  # read: it selects Relaxed Band
+        make_config(policy_loss="relaxed_band", band_radius=0.1, epsilon_high=0.28)
         make_config(policy_loss="clip")
 
 
@@ -294,41 +291,3 @@ def test_environment_factory_reaches_grpo_trainer(tiny_model_dir, tmp_path, monk
     theirs = _outcome(lambda: GRPOTrainer(args=__import__("trl").GRPOConfig(**args), **kwargs))
     assert ours == theirs
     assert "reward_funcs" not in ours[1]  # never "missing 1 required positional argument: 'reward_funcs'"
-
-
-class _StopAfterFirstStep(TrainerCallback):
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == 1:
-            control.should_save = True
-            control.should_training_stop = True
-
-
-def _resume_run(model, output_dir, **overrides):
-    args = train_args(BandPOConfig, output_dir, max_steps=6, save_strategy="steps", save_steps=1000, **overrides)
-    return BandPOTrainer(model=model, reward_funcs=shaped_reward, args=args, train_dataset=addition_dataset())
-
-
-def test_resume_inside_a_generation_batch_equals_the_uninterrupted_run(tiny_model_dir, tmp_path):
-    """num_iterations=2: the checkpoint after step 1 lies inside a generation batch (one more update on it is due).
-    Resumed from it, the run ends on exactly (bitwise) the parameters of the uninterrupted run; without the saved
-    buffer it regenerates at once, warns, and ends elsewhere."""
-    full = _resume_run(tiny_model_dir, tmp_path / "full")
-    full.train()
-    want = {name: p.detach().clone() for name, p in full.model.named_parameters()}
-
-    first = _resume_run(tiny_model_dir, tmp_path / "split")
-    first.add_callback(_StopAfterFirstStep())
-    first.train()
-    checkpoint = tmp_path / "split" / "checkpoint-1"
-    assert (checkpoint / "generation_buffer_rank0.pt").exists()
-    resumed = _resume_run(tiny_model_dir, tmp_path / "split")
-    resumed.train(resume_from_checkpoint=str(checkpoint))
-    got = dict(resumed.model.named_parameters())
-    assert all(torch.equal(want[name], got[name].detach()) for name in want)
-
-    (checkpoint / "generation_buffer_rank0.pt").unlink()
-    blind = _resume_run(tiny_model_dir, tmp_path / "split")
-    with pytest.warns(UserWarning, match="inside a generation batch"):
-        blind.train(resume_from_checkpoint=str(checkpoint))
-    moved = dict(blind.model.named_parameters())
-    assert any(not torch.equal(want[name], moved[name].detach()) for name in want)

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from trl_bandpo.losses import POLICY_LOSSES, policy_loss, policy_loss_fn
+from trl_bandpo.losses import POLICY_LOSSES, policy_bounds, policy_loss, policy_loss_spec
 
 F64 = torch.float64
 CLIPPED = ("clip", "band", "relaxed_band", "dcpo")
@@ -522,10 +522,10 @@ def test_sequence_level_log_ratio_broadcasts_against_per_token_bounds(name):
     g = torch.Generator().manual_seed(4)
     B, T = 4, 6
     old = torch.log(torch.rand(B, T, generator=g, dtype=F64) * 0.9 + 0.05)
-    spec = policy_loss_fn(name)
+    spec = policy_loss_spec(name)
     lower, upper = spec.bounds(old)
     if not torch.is_tensor(lower):  # scalar-bound losses: feed them per-token bounds (any broadcastable bounds work)
-        lower, upper = policy_loss_fn("band").bounds(old)
+        lower, upper = policy_loss_spec("band").bounds(old)
     assert lower.shape == (B, T)
     seq_log_ratio = torch.randn(B, 1, generator=g, dtype=F64) * 0.5
     adv = torch.randn(B, 1, generator=g, dtype=F64)
@@ -574,3 +574,17 @@ def test_unknown_hyperparameter_raises_type_error_listing_allowed(name, allowed)
     assert "epsilon" in msg
     for hp in allowed:
         assert hp in msg
+
+
+def test_policy_bounds_returns_each_losss_bounds():
+    """The public `policy_bounds` against closed forms: TV Band at p = 0.08 is [1 - delta/p, 1 + delta/p] =
+    [0.375, 1.625]; the clip interval is a pair of floats; DCPO at p = 0.5 with eps 0.16 / 0.2 is
+    [1/2 + 1/2 sqrt(1 - 0.64/0.5 clamped at 0), 1/2 + 1/2 sqrt(1 + 0.8/0.5)]."""
+    old = torch.log(torch.tensor([[0.08, 0.5]], dtype=torch.float64))
+    lower, upper = policy_bounds("band", old, divergence="tv", radius=0.05, upper_max=None)
+    assert lower[0, 0].item() == pytest.approx(0.375, rel=1e-12) and upper[0, 0].item() == pytest.approx(1.625)
+    assert policy_bounds("clip", old, epsilon_low=0.2, epsilon_high=0.28) == (0.8, 1.28)
+    lower, upper = policy_bounds("dcpo", old)
+    assert lower[0, 1].item() == pytest.approx(0.5) and upper[0, 1].item() == pytest.approx(0.5 + 0.5 * 2.6**0.5)
+    with pytest.raises(TypeError, match="unknown hyperparameters"):
+        policy_bounds("clip", old, radius=0.05)

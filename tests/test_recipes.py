@@ -67,7 +67,7 @@ METHODS = {
 DEFAULT_LOSS_TYPE = {"bandpo": "grpo", "dgpo": "dapo", "lora": "grpo"}
 # Keys allowed to differ between the recipes of one (folder, model): the policy loss and the run's name.
 POLICY_KEYS = {
-    "policy_loss", "band_divergence", "band_radius", "band_upper_max", "band_relax", "epsilon", "epsilon_high",
+    "policy_loss", "band_divergence", "band_radius", "band_upper_max", "epsilon", "epsilon_high",
     "delta", "loss_type", "dgpo_n", "dgpo_m", "ce_gppo_beta1", "ce_gppo_beta2", "aspo_c_pos", "aspo_c_neg",
     "output_dir", "run_name", "band_radius_by", "band_radius_exponent", "band_radius_min", "band_radius_max",
     "dynamic_sampling", "dynamic_sampling_max_rounds",

@@ -13,7 +13,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-import trl_bandpo.loss_bounds
+import trl_bandpo.losses
 from trl_bandpo import BandPOConfig, BandPOTrainer, DGPOConfig, DGPOTrainer, PolicyLossConfig
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -143,16 +143,18 @@ def test_bounds_computed_once_per_generation_batch(tiny_model_dir, tmp_path, mon
     """Band bounds depend only on the old log-probs: one solve per generation batch, reused by every micro-step
     and every iteration over it (here 2 accumulation steps x 2 iterations = 4 loss calls per solve)."""
     calls = []
-    original = trl_bandpo.loss_bounds.band_bounds
+    original = trl_bandpo.losses.band_bounds
 
     def counting_band_bounds(old_logps, *args, **kwargs):
         calls.append(tuple(old_logps.shape))
         return original(old_logps, *args, **kwargs)
 
-    monkeypatch.setattr(trl_bandpo.loss_bounds, "band_bounds", counting_band_bounds)
+    monkeypatch.setattr(trl_bandpo.losses, "band_bounds", counting_band_bounds)
     trainer, _, _ = run_training(BandPOTrainer, BandPOConfig, tiny_model_dir, tmp_path, max_steps=4)
-    generation_batches = 4 * trainer.args.gradient_accumulation_steps // (
-        trainer.args.steps_per_generation * trainer.args.num_iterations
+    generation_batches = (
+        4
+        * trainer.args.gradient_accumulation_steps
+        // (trainer.args.steps_per_generation * trainer.args.num_iterations)
     )
     assert len(calls) == generation_batches == 2
     assert calls[0][0] == trainer.args.generation_batch_size  # the whole generation batch at once
@@ -209,11 +211,14 @@ def test_config_rejects_triton_solver_without_cuda(tmp_path, monkeypatch):
 def test_config_defaults_and_relax(tmp_path):
     band = BandPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     assert (band.policy_loss, band.band_divergence, band.band_radius) == ("band", "kl", 0.05)
-    assert (band.band_solver, band.band_upper_max, band.band_relax) == ("auto", 10.0, False)
+    assert (band.band_solver, band.band_upper_max) == ("auto", 10.0)
     dgpo = DGPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
     assert (dgpo.policy_loss, dgpo.dgpo_n, dgpo.dgpo_m) == ("dgpo", 1, 2.0)
-    relaxed = BandPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", band_relax=True)
+    # Relaxed Band is selected by its name only: no flag rewrites policy_loss behind the user's back
+    relaxed = BandPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", policy_loss="relaxed_band")
     assert relaxed.policy_loss == "relaxed_band"
+    with pytest.raises(TypeError, match="band_relax"):
+        BandPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", band_relax=True)
     # any policy loss runs in either trainer's config
     assert DGPOConfig(output_dir=str(tmp_path), use_cpu=True, policy_loss="band").policy_loss == "band"
 
@@ -231,8 +236,11 @@ def test_trainer_rejects_plain_grpo_config(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("accelerate") is None and not os.path.exists(
-    os.path.join(os.path.dirname(sys.executable), "accelerate")), reason="accelerate CLI not installed")
+@pytest.mark.skipif(
+    shutil.which("accelerate") is None
+    and not os.path.exists(os.path.join(os.path.dirname(sys.executable), "accelerate")),
+    reason="accelerate CLI not installed",
+)
 def test_zero3_two_processes_bandpo(tiny_model_dir, tmp_path):
     pytest.importorskip("deepspeed")
     accelerate = shutil.which("accelerate") or os.path.join(os.path.dirname(sys.executable), "accelerate")

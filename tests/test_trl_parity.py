@@ -11,7 +11,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_bandpo import PolicyLossConfig, PolicyLossTrainer
 
-LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "vespo", "luspo"]
+# The loss types whose policy term and aggregation run in our `_compute_loss`; TRL's own policy terms (cispo, sapo,
+# vespo, luspo) go to GRPOTrainer's method unchanged (`test_trls_own_loss_types_are_delegated`).
+LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo"]
 B, P, T = 4, 3, 6
 
 
@@ -138,18 +140,38 @@ DEFAULTS = dict(
 )
 
 
-@pytest.mark.parametrize(
-    "loss_type,beta,vllm_is", list(itertools.product(LOSS_TYPES, [0.0, 0.04], [False, True]))
-)
+@pytest.mark.parametrize("loss_type,beta,vllm_is", list(itertools.product(LOSS_TYPES, [0.0, 0.04], [False, True])))
 def test_parity_loss_types(trainers, base_inputs, loss_type, beta, vllm_is):
     settings = dict(DEFAULTS, loss_type=loss_type, beta=beta)
     settings.update(use_vllm=vllm_is, vllm_importance_sampling_correction=vllm_is)
-    if loss_type == "luspo":
-        settings["importance_sampling_level"] = "sequence"
     _assert_parity(trainers, base_inputs, settings)
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
+@pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo", "luspo"])
+def test_trls_own_loss_types_are_delegated(trainers, base_inputs, loss_type, monkeypatch):
+    """Loss types with their own policy term run GRPOTrainer's `_compute_loss` itself, on the same inputs, and our
+    policy term, bounds and count metrics stay out of it."""
+    ours, _ = trainers
+    calls = []
+    trl_compute_loss = GRPOTrainer._compute_loss
+
+    def spy(self, model, inputs):
+        calls.append(inputs)
+        return trl_compute_loss(self, model, inputs)
+
+    def never(*args, **kwargs):
+        raise AssertionError("our policy term ran for a TRL loss type")
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", spy)
+    monkeypatch.setattr(ours, "_per_token_policy_loss", never)
+    _configure(ours, dict(DEFAULTS, loss_type=loss_type, beta=0.04))
+    inputs = dict(base_inputs)
+    loss = ours._compute_loss(ours.model, inputs)
+    assert len(calls) == 1 and calls[0] is inputs and torch.isfinite(loss)
+    assert not any(key.startswith(("bounds/", "clip_ratio_by_prob/")) for key in ours._metrics["train"])
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("delta", [None, 1.5])
 def test_parity_importance_level_and_dual_clip(trainers, base_inputs, loss_type, level, delta):

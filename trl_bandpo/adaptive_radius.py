@@ -3,9 +3,9 @@
 
     delta_t = clip(delta * (H_t / H_mean) ** alpha, delta_min, delta_max)
 
-`entropy_radius` is that formula on tensors. `OldPolicyEntropies` is a trainer mixin that keeps the old policy's
-entropies from the pass that already computes the old log-probs (no extra forward pass): it asks that one call for
-entropies too and attaches them to the generation output as `old_per_token_entropies`.
+`entropy_radius` is that formula on tensors. `OldPolicyEntropies` is a trainer mixin that takes the old policy's
+entropies from the pass that computes the old log-probs (no extra forward pass) and attaches them to the generation
+output as `old_per_token_entropies`.
 """
 
 from __future__ import annotations
@@ -69,33 +69,45 @@ def correlation(totals: list[float]) -> float:
 
 
 class OldPolicyEntropies:
-    """Mixin for `GRPOTrainer` subclasses: when `self._wants_old_entropies()` is true, the old-log-prob pass of each
-    generation also returns entropies, attached to the output under `OLD_ENTROPIES_KEY`."""
+    """Mixin for `GRPOTrainer` subclasses: when `self._wants_old_entropies()` is true, the old policy's entropies
+    come from the forward pass whose log-probs GRPOTrainer stores as `old_per_token_logps`, attached to the
+    generation output under `OLD_ENTROPIES_KEY`.
+
+    During generation every forward pass of the policy (`self.model`) is asked for entropies too; afterwards the one
+    whose log-prob tensor *is* the output's `old_per_token_logps` gives them (a reference pass through the same
+    model with its adapter disabled is not mistaken for it). If none matches, an error says so: entropies are never
+    taken from another pass by position.
+    """
 
     def _wants_old_entropies(self) -> bool:
         return False
 
     def _generate_and_score_completions(self, inputs):
         capture = self._wants_old_entropies() and self.model.training
-        self._old_entropy_capture = {"armed": capture, "value": None}
+        self._policy_passes = [] if capture else None
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:
-            captured, self._old_entropy_capture = self._old_entropy_capture["value"], None
-        if captured is not None and "old_per_token_logps" in output:
-            output[OLD_ENTROPIES_KEY] = captured
+            passes, self._policy_passes = self._policy_passes, None
+        old_logps = output.get("old_per_token_logps")
+        if capture and old_logps is not None:
+            matches = [entropies for logps, entropies in passes if logps is old_logps]
+            if len(matches) != 1:
+                raise RuntimeError(
+                    f"the adaptive Band radius needs the entropies of the pass that computed old_per_token_logps, but "
+                    f"{len(matches)} of this generation's {len(passes)} policy passes returned that tensor (a TRL "
+                    "version this package was not tested with?)."
+                )
+            output[OLD_ENTROPIES_KEY] = matches[0]
         return output
 
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
-        state = getattr(self, "_old_entropy_capture", None)
-        if not state or not state["armed"]:
+        passes = getattr(self, "_policy_passes", None)
+        if passes is None or model is not self.model:
             return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-        # The first call inside a generation is the old-log-prob pass with the policy (the reference pass comes
-        # after it): the same forward, asked for entropies as well.
-        state["armed"] = False
-        kwargs["compute_entropy"] = True
+        kwargs["compute_entropy"] = True  # the same forward, asked for entropies as well
         logps, entropies, aux = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-        state["value"] = entropies.detach()
+        passes.append((logps, entropies.detach()))
         return logps, entropies, aux
 
 

@@ -2,40 +2,80 @@
 
 GRPOTrainer generates a batch once and trains on it for `steps_per_generation x num_iterations` micro-steps, from a
 buffer that checkpoints do not hold: a run resumed between two of those updates regenerates at once and skips the
-remaining passes over the old batch. `GenerationBufferCheckpointing` saves the buffer and the micro-step counter that
-indexes it with every checkpoint, one file per process, and restores both on resume, so a resumed run equals the
-uninterrupted one.
+remaining passes over the old batch. `GenerationBufferCheckpointing` saves, with every checkpoint and one file per
+process, the buffer, the micro-step counter that indexes it and the random state that draws dynamic sampling's extra
+prompts, and restores them on resume, so a resumed run equals the uninterrupted one.
+
+The file is written after the model and optimizer and before `trainer_state.json` (the mark of a complete
+checkpoint), through a temporary file and a rename; it holds only tensors and plain containers and is read with
+`torch.load(weights_only=True)`, so a checkpoint folder from elsewhere cannot execute code.
+`train(resume_from_checkpoint=True)` skips a newest checkpoint that has no `trainer_state.json` (a save that was
+interrupted), with a warning naming it.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import warnings
 
 import torch
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-__all__ = ["BUFFER_FILE", "GenerationBufferCheckpointing"]
+__all__ = ["BUFFER_FILE", "GenerationBufferCheckpointing", "last_complete_checkpoint"]
 
 #: Per-process file of a checkpoint holding the generation batch still being trained on.
 BUFFER_FILE = "generation_buffer_rank{rank}.pt"
 
 
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The newest `checkpoint-N` folder of `output_dir` that holds a `trainer_state.json` (None if there is none);
+    newer folders without one (interrupted saves) are skipped with a warning naming each."""
+    steps = {}
+    for name in os.listdir(output_dir) if os.path.isdir(output_dir) else ():
+        prefix, _, step = name.partition("-")
+        if prefix == PREFIX_CHECKPOINT_DIR and step.isdigit() and os.path.isdir(os.path.join(output_dir, name)):
+            steps[int(step)] = os.path.join(output_dir, name)
+    for step in sorted(steps, reverse=True):
+        if os.path.isfile(os.path.join(steps[step], TRAINER_STATE_NAME)):
+            return steps[step]
+        warnings.warn(
+            f"skipping {steps[step]}: it has no {TRAINER_STATE_NAME} (its save was interrupted); resuming from the "
+            "newest complete checkpoint instead.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return None
+
+
 class GenerationBufferCheckpointing:
     """Mixin for `GRPOTrainer` subclasses (it uses TRL's `_step` and `_buffered_inputs`)."""
 
-    def _save_checkpoint(self, model, trial):
-        # The buffered generation batch (and the micro-step counter that indexes it) is part of the training state:
-        # without it a run resumed between two updates on the same batch would regenerate at once and skip the
-        # remaining passes over the old one (GRPOTrainer does). Written before the rest of the checkpoint, so a
-        # checkpoint with a trainer_state.json has its buffer; atomically, so a killed process leaves no half file.
-        folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        output_dir = os.path.join(self._get_output_dir(trial=trial), folder)
-        os.makedirs(output_dir, exist_ok=True)
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if resume_from_checkpoint is True:
+            checkpoint = last_complete_checkpoint(self.args.output_dir)
+            if checkpoint is None:
+                raise ValueError(
+                    f"resume_from_checkpoint=True, but {self.args.output_dir} holds no complete checkpoint (a "
+                    f"{PREFIX_CHECKPOINT_DIR}-N folder with a {TRAINER_STATE_NAME})."
+                )
+            resume_from_checkpoint = checkpoint
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _save_rng_state(self, output_dir):
+        # Called by `Trainer._save_checkpoint` after the model and optimizer, before trainer_state.json: our file is
+        # never the first thing in a checkpoint folder, and a checkpoint with a trainer_state.json has it.
+        super()._save_rng_state(output_dir)
+        generator = getattr(self, "_extra_prompt_generator", None)  # dynamic sampling's extra prompts
+        state = {
+            "step": self._step,
+            "buffered_inputs": self._buffered_inputs,
+            "extra_prompt_rng": None if generator is None else generator.get_state(),
+        }
         path = os.path.join(output_dir, BUFFER_FILE.format(rank=self.accelerator.process_index))
-        torch.save({"step": self._step, "buffered_inputs": self._buffered_inputs}, path + ".tmp")
+        torch.save(state, path + ".tmp")
         os.replace(path + ".tmp", path)
-        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -45,9 +85,11 @@ class GenerationBufferCheckpointing:
         generate_every = self.args.steps_per_generation * self.num_iterations
         step = self.state.global_step * self.args.gradient_accumulation_steps
         if os.path.exists(path):
-            # Our own file, written by _save_checkpoint above: tensors and Python containers (not weights only).
-            state = torch.load(path, map_location=self.accelerator.device, weights_only=False)
+            state = _load_buffer(path, self.accelerator.device)
             self._step, self._buffered_inputs = state["step"], state["buffered_inputs"]
+            if state.get("extra_prompt_rng") is not None:
+                self._extra_prompt_generator = torch.Generator()
+                self._extra_prompt_generator.set_state(state["extra_prompt_rng"])
         elif step % generate_every != 0:
             warnings.warn(
                 f"{checkpoint} was saved inside a generation batch but holds no {BUFFER_FILE.format(rank='<k>')} "
@@ -56,3 +98,23 @@ class GenerationBufferCheckpointing:
                 UserWarning,
                 stacklevel=2,
             )
+
+
+def _load_buffer(path: str, device) -> dict:
+    """The saved state, read without executing anything: tensors and plain containers only."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(
+            f"refusing to load {path}: it holds objects other than tensors and plain containers, so it was not "
+            f"written by trl-bandpo and loading it could run code ({error})."
+        ) from None
+    except (RuntimeError, EOFError, OSError) as error:
+        raise ValueError(
+            f"cannot read {path} ({type(error).__name__}: {error}): the file is truncated or damaged. Resume from "
+            "an earlier checkpoint, or delete this file to resume without the buffered batch (the run then "
+            "regenerates at once)."
+        ) from None
+    if not isinstance(state, dict) or not {"step", "buffered_inputs"} <= set(state):
+        raise ValueError(f"{path} is not a generation-buffer file of trl-bandpo (it holds a {type(state).__name__}).")
+    return state

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from .band import DIVERGENCES, SOLVERS
-from .losses import POLICY_LOSSES, policy_loss_fn, registered_policy_losses
+from .losses import POLICY_LOSSES, policy_loss_spec, registered_policy_losses
 
 # TRL loss types whose per-token policy term is TRL's own (not a clipped ratio); they only combine with "clip".
 TRL_PER_TOKEN_LOSS_TYPES = ("cispo", "sapo", "vespo", "luspo")
@@ -52,9 +52,6 @@ class PolicyLossConfig(GRPOConfig):
             `"auto"` (Triton kernel on CUDA when installed, torch elsewhere), `"torch"` or `"triton"`.
         band_upper_max (`float` or `None`, defaults to `10.0`):
             Cap on the Band upper bound, as the BandPO authors trained. `None` keeps only the simplex limit `1/p`.
-        band_relax (`bool`, defaults to `False`):
-            Relaxed Band: unite the Band interval with `[1 - epsilon, 1 + epsilon_high]` at every p. Setting it
-            with `policy_loss="band"` is the same as `policy_loss="relaxed_band"`.
         dgpo_n (`int`, defaults to `1`):
             DGPO left-boundary decay power n ≥ 1 (weight on ∇π ∝ π^n for r < 1-ε, A < 0). Paper: 2 at 1.5B, 1 at
             7B/14B.
@@ -103,7 +100,6 @@ class PolicyLossConfig(GRPOConfig):
     band_upper_max: float | None = field(
         default=10.0, metadata={"help": "Cap on the Band upper bound (authors: 10); None for no cap."}
     )
-    band_relax: bool = field(default=False, metadata={"help": "Unite the Band and clip intervals (Relaxed Band)."})
     dgpo_n: int = field(default=1, metadata={"help": "DGPO left-boundary decay power n >= 1."})
     dgpo_m: float = field(default=2.0, metadata={"help": "DGPO right-boundary decay root m >= 1."})
     ce_gppo_beta1: float = field(default=0.75, metadata={"help": "CE-GPPO left-boundary weight scale."})
@@ -125,13 +121,10 @@ class PolicyLossConfig(GRPOConfig):
 
     def __post_init__(self):
         # Our checks first: a bad value of ours (or of the TRL fields below) must not hide behind a TRL error.
-        spec = policy_loss_fn(self.policy_loss)  # raises ValueError naming the allowed values
+        spec = policy_loss_spec(self.policy_loss)  # raises ValueError naming the allowed values
         self._check_field_types()
         self._check_hyperparameters()
         super().__post_init__()
-        if spec.switch is not None and getattr(self, spec.switch[0]) is True:
-            self.policy_loss = spec.switch[1]
-            spec = policy_loss_fn(self.policy_loss)
         if self.policy_loss != "clip" and self.loss_type in TRL_PER_TOKEN_LOSS_TYPES:
             raise ValueError(
                 f"policy_loss={self.policy_loss!r} cannot be combined with loss_type={self.loss_type!r}: that loss "
@@ -221,18 +214,12 @@ class PolicyLossConfig(GRPOConfig):
             value = getattr(self, hp.field)
             if value is None and hp.fallback_field is not None:
                 continue  # TRL reads the fallback field (checked under its own name)
-            setattr(self, hp.field, hp.check(hp.field, value))
+            setattr(self, hp.field, hp.check(value, hp.field))
 
     def _warn_unused_fields(self, spec):
         """Our loss fields set away from their default but ignored by the selected loss: say so, once, by name."""
-        switches = [other.switch for other in registered_policy_losses().values() if other.switch]
-        read = set(spec.config_fields) | {field for field, target in switches if target == spec.name}
-        read |= {spec.switch[0]} if spec.switch else set()
-        unused = [
-            name
-            for name in sorted(_loss_fields() - read)
-            if getattr(self, name) != _default(type(self), name)
-        ]
+        read = set(spec.config_fields)
+        unused = [name for name in sorted(_loss_fields() - read) if getattr(self, name) != _default(type(self), name)]
         if unused:
             warnings.warn(
                 f"{', '.join(f'{name}={getattr(self, name)!r}' for name in unused)} "
@@ -258,10 +245,10 @@ _OWN_FIELDS = {f.name for f in dataclasses.fields(PolicyLossConfig)} - {f.name f
 
 
 def _loss_fields() -> set[str]:
-    """Our fields that some registered loss reads (its hyper-parameters, and switches such as `band_relax`)."""
+    """Our fields that some registered loss reads (its hyper-parameters)."""
     fields = set()
     for spec in registered_policy_losses().values():
-        fields |= set(spec.config_fields) | ({spec.switch[0]} if spec.switch else set())
+        fields |= set(spec.config_fields)
     return fields & _OWN_FIELDS
 
 

@@ -32,14 +32,15 @@ __all__ = [
     "check_power",
     "policy_bounds",
     "policy_loss",
-    "policy_loss_fn",
+    "policy_loss_spec",
     "register_policy_loss",
     "registered_policy_losses",
 ]
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Hyper-parameter checks: (label, value) -> normalised value; a ValueError names `label` (a config field or keyword)
+# Hyper-parameter checks: (value, label) -> normalised value; a ValueError names `label` (a config field or keyword),
+# in the argument order of `trl_bandpo.band`'s checks
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -47,19 +48,19 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def check_epsilon_low(label: str, value: Any) -> float:
+def check_epsilon_low(value: Any, label: str = "epsilon_low") -> float:
     if not _is_real(value) or not 0 <= value < 1:
         raise ValueError(f"{label} must be a number in [0, 1), got {value!r}.")
     return float(value)
 
 
-def check_epsilon_high(label: str, value: Any) -> float:
+def check_epsilon_high(value: Any, label: str = "epsilon_high") -> float:
     if not _is_real(value) or not 0 <= value < math.inf:
         raise ValueError(f"{label} must be a finite number >= 0, got {value!r}.")
     return float(value)
 
 
-def check_dual_clip(label: str, value: Any) -> float | None:
+def check_dual_clip(value: Any, label: str = "delta") -> float | None:
     """TRL's dual clip `delta`: the ratio of a negative-advantage token is capped at it, so it must exceed 1 (at or
     below 1 it would cap ratios that are inside the clip interval; 0 or less would zero every such gradient)."""
     if value is None:
@@ -69,14 +70,14 @@ def check_dual_clip(label: str, value: Any) -> float | None:
     return float(value)
 
 
-def check_power(label: str, value: Any) -> int:
+def check_power(value: Any, label: str = "n") -> int:
     if not _is_real(value) or not math.isfinite(value) or not float(value).is_integer() or value < 1:
         raise ValueError(f"{label} must be an integer >= 1, got {value!r}.")
     return int(value)
 
 
-def _check_finite_at_least(minimum: float) -> Callable[[str, Any], float]:
-    def check(label: str, value: Any) -> float:
+def _check_finite_at_least(minimum: float) -> Callable[[Any, str], float]:
+    def check(value: Any, label: str = "value") -> float:
         if not _is_real(value) or not math.isfinite(value) or value < minimum:
             raise ValueError(f"{label} must be a finite number >= {minimum:g}, got {value!r}.")
         return float(value)
@@ -101,7 +102,7 @@ class Hyperparameter:
         name: keyword argument of the loss's bounds or loss function.
         field: the `PolicyLossConfig` field it is read from (TRL's own fields included), or `None` for a keyword of
             the pure API that the trainer leaves at the function's default.
-        check: `(label, value) -> value`, the validation (and normalisation) both the config and the pure API apply;
+        check: `(value, label) -> value`, the validation (and normalisation) both the config and the pure API apply;
             its `ValueError` names `label`.
         fallback_field: field read when `field` is `None` (TRL's `epsilon_high` defaults to `epsilon`).
     """
@@ -116,6 +117,8 @@ class Hyperparameter:
 EPSILON_LOW = Hyperparameter("epsilon_low", "epsilon", check_epsilon_low)
 EPSILON_HIGH = Hyperparameter("epsilon_high", "epsilon_high", check_epsilon_high, fallback_field="epsilon")
 DUAL_CLIP = Hyperparameter("delta", "delta", check_dual_clip)
+
+
 @dataclass(frozen=True)
 class PolicyLossSpec:
     """A registered policy loss: everything the trainer and the config need to run it.
@@ -130,8 +133,6 @@ class PolicyLossSpec:
             count metrics the trainer logs for this loss (docs/metrics.md).
         check: optional cross-field check `(kwargs, labels, device) -> None` run when the config is built
             (`labels` maps each keyword to the name the user wrote, `device` is where training runs).
-        switch: optional `(bool_field, other_loss)`: when that config field is true, the config selects `other_loss`
-            instead (`band` with `band_relax=True` is `relaxed_band`).
         incompatible: config fields that must keep their default with this loss, with the reason (TRL settings
             GRPOTrainer would apply but this loss cannot honour: an error, never a silent no-op).
     """
@@ -143,7 +144,6 @@ class PolicyLossSpec:
     clipped: bool = False
     metrics: Callable | None = None
     check: Callable | None = None
-    switch: tuple[str, str] | None = None
     incompatible: Mapping[str, str] = field(default_factory=dict)
     bound_names: frozenset[str] = field(init=False, repr=False)
     loss_names: frozenset[str] = field(init=False, repr=False)
@@ -193,7 +193,7 @@ class PolicyLossSpec:
             label, value = hp.field, getattr(config, hp.field)
             if value is None and hp.fallback_field is not None:
                 label, value = hp.fallback_field, getattr(config, hp.fallback_field)
-            kwargs[hp.name] = hp.check(label, value)
+            kwargs[hp.name] = hp.check(value, label)
         return self.split(kwargs)
 
 
@@ -213,7 +213,7 @@ def registered_policy_losses() -> Mapping[str, PolicyLossSpec]:
     return MappingProxyType(_REGISTRY)
 
 
-def policy_loss_fn(name: str) -> PolicyLossSpec:
+def policy_loss_spec(name: str) -> PolicyLossSpec:
     """The registered `PolicyLossSpec` for `name`, or a ValueError listing the allowed names."""
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(f"policy_loss must be one of {list(_REGISTRY)}, got {name!r}.")
@@ -228,7 +228,7 @@ def _split_hyperparameters(name: str, spec: PolicyLossSpec, hyperparameters: dic
         raise TypeError(
             f"policy loss {name!r} got unknown hyperparameters {sorted(unknown)}; allowed: {sorted(by_name)}."
         )
-    return spec.split({key: by_name[key].check(key, value) for key, value in hyperparameters.items()})
+    return spec.split({key: by_name[key].check(value, key) for key, value in hyperparameters.items()})
 
 
 def _as_advantages(advantages: Any, logps: torch.Tensor) -> torch.Tensor:
@@ -264,7 +264,7 @@ def _as_advantages(advantages: Any, logps: torch.Tensor) -> torch.Tensor:
 
 def policy_bounds(name: str, old_logps: torch.Tensor, **hyperparameters):
     """The ratio bounds `(lower, upper)` the policy loss `name` uses for these old log-probs."""
-    spec = policy_loss_fn(name)
+    spec = policy_loss_spec(name)
     bound_kwargs, _ = _split_hyperparameters(name, spec, hyperparameters)
     return spec.bounds(old_logps, **bound_kwargs)
 
@@ -293,7 +293,7 @@ def policy_loss(
     Returns:
         `torch.Tensor` of shape `(B, T)`: the loss to minimise per token.
     """
-    spec = policy_loss_fn(name)
+    spec = policy_loss_spec(name)
     bound_kwargs, loss_kwargs = _split_hyperparameters(name, spec, hyperparameters)
     for label, tensor in (("logps", logps), ("old_logps", old_logps)):
         if not torch.is_tensor(tensor) or not tensor.is_floating_point():

@@ -2,9 +2,10 @@
 
 Every loss is a small pure function `loss(log_ratio, advantages, lower, upper, **hyperparameters)` returning the
 per-token loss (before masking and aggregation, which the trainer shares with TRL). `lower`/`upper` are the ratio
-bounds in use (floats or tensors broadcastable to `log_ratio`), produced by the matching `*_bounds` function from
-the old log-probs. Notation (docs/policy-losses.md): `r = exp(log_ratio)`, advantage `A`; the gradient weight `w`
-is the coefficient on `grad log pi` (`-grad loss = A * w * grad log pi`).
+bounds in use (floats or tensors broadcastable to `log_ratio`), produced by the matching `*_bounds` function below
+from the old log-probs: fixed bounds are floats, probability-aware ones (Band, DCPO) tensors shaped like the old
+log-probs, computed without gradient. Notation (docs/policy-losses.md): `r = exp(log_ratio)`, advantage `A`; the
+gradient weight `w` is the coefficient on `grad log pi` (`-grad loss = A * w * grad log pi`).
 
 Two families:
 - clipped surrogates (`clip`, `band`, `relaxed_band`, `dcpo`): PPO's `-min(r A, clamp(r, lower, upper) A)`, which is
@@ -27,8 +28,14 @@ from typing import Any
 
 import torch
 
-from .band import check_divergence, check_radius, check_solver, check_upper_max, solver_unavailable_reason
-from .loss_bounds import band_policy_bounds, clip_bounds, dcpo_bounds, relaxed_band_bounds
+from .band import (
+    band_bounds,
+    check_divergence,
+    check_radius,
+    check_solver,
+    check_upper_max,
+    solver_unavailable_reason,
+)
 from .loss_registry import (
     DUAL_CLIP,
     EPSILON_HIGH,
@@ -40,19 +47,18 @@ from .loss_registry import (
     check_power,
     policy_bounds,
     policy_loss,
-    policy_loss_fn,
+    policy_loss_spec,
     register_policy_loss,
     registered_policy_losses,
 )
-from .numerics import safe_exp, upcast
 
 __all__ = [
     "BAND",
-    "CLIPPED_LOSSES",
     "DUAL_CLIP",
     "EPSILON_HIGH",
     "EPSILON_LOW",
     "POLICY_LOSSES",
+    "RATIO_LOG_MAX",
     "Hyperparameter",
     "PolicyLossSpec",
     "aspo_loss",
@@ -70,15 +76,87 @@ __all__ = [
     "gppo_loss",
     "policy_bounds",
     "policy_loss",
-    "policy_loss_fn",
+    "policy_loss_spec",
     "register_policy_loss",
     "registered_policy_losses",
     "relaxed_band_bounds",
     "reweighted_surrogate",
     "safe_exp",
+    "upcast",
 ]
 
 Bound = float | torch.Tensor
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Numerics of importance ratios: float32 or wider, capped below overflow (docs/policy-losses.md, "Inputs and numerics")
+# ----------------------------------------------------------------------------------------------------------------
+
+# Largest exponent whose exp is finite, with a margin for rounding, per compute dtype: ratios and weights are capped
+# there, so no token's ratio is inf and no `inf * 0` turns a loss or a gradient into NaN.
+RATIO_LOG_MAX = {dtype: math.log(torch.finfo(dtype).max) - 0.01 for dtype in (torch.float32, torch.float64)}
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """`x` in float32 or wider: a half-precision ratio overflows at log-ratio 11.1 (fp16) and rounds the bounds."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def safe_exp(log_x: torch.Tensor) -> torch.Tensor:
+    """`exp(log_x)` in float32 or wider, capped at the dtype's largest finite value (differentiable below the cap)."""
+    log_x = upcast(log_x)
+    return torch.exp(log_x.clamp(max=RATIO_LOG_MAX[log_x.dtype]))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bounds: (old_logps, **hyperparameters) -> (lower, upper)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def clip_bounds(old_logps: torch.Tensor, *, epsilon_low: float = 0.2, epsilon_high: float = 0.2):
+    """GRPO / PPO bounds `[1 - epsilon_low, 1 + epsilon_high]` (Clip-Higher: `epsilon_high = 0.28`)."""
+    return 1.0 - epsilon_low, 1.0 + epsilon_high
+
+
+def band_policy_bounds(
+    old_logps: torch.Tensor,
+    *,
+    radius: float = 0.05,
+    divergence: str | Callable = "kl",
+    upper_max: float | None = 10.0,
+    solver: str = "auto",
+):
+    """BandPO bounds (see `trl_bandpo.band.band_bounds`); `upper_max=10` as the BandPO authors trained."""
+    return band_bounds(old_logps, radius, divergence, solver=solver, upper_max=upper_max)
+
+
+def relaxed_band_bounds(
+    old_logps: torch.Tensor,
+    *,
+    radius: float = 0.05,
+    divergence: str | Callable = "kl",
+    upper_max: float | None = 10.0,
+    solver: str = "auto",
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.28,
+):
+    """Relaxed Band (BandPO paper's ablation): the union of the Band and Clip-Higher intervals at every p."""
+    return band_bounds(
+        old_logps, radius, divergence, solver=solver, upper_max=upper_max, relax=(epsilon_low, epsilon_high)
+    )
+
+
+def dcpo_bounds(
+    old_logps: torch.Tensor, *, epsilon_low: float = 0.16, epsilon_high: float = 0.2, upper_max: float = 10.0
+):
+    """DCPO's dynamic bounds: `lower = 1/2 + 1/2 sqrt(max(1 - 4 eps_low / p, 0))`,
+    `upper = min(1/2 + 1/2 sqrt(1 + 4 eps_high / p), upper_max)` (docs/policy-losses.md, "DCPO")."""
+    with torch.no_grad():
+        dtype = torch.float64 if old_logps.dtype == torch.float64 else torch.float32
+        inv_p = torch.exp(-old_logps.detach().to(dtype).clamp(max=0.0))
+        lower = 0.5 + 0.5 * torch.sqrt((1 - 4 * epsilon_low * inv_p).clamp(min=0.0))
+        upper = (0.5 + 0.5 * torch.sqrt(1 + 4 * epsilon_high * inv_p)).clamp(max=upper_max)
+    return lower, upper
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -187,9 +265,7 @@ def ce_gppo_loss(
 ) -> torch.Tensor:
     """CE-GPPO: as GPPO with the boundary weights scaled, `beta1 (1 - eps_low)` (LN) and `beta2 (1 + eps_high)`
     (HP)."""
-    return _boundary_weights(
-        log_ratio, advantages, lower, upper, beta1 * _as_weight(lower), beta2 * _as_weight(upper)
-    )
+    return _boundary_weights(log_ratio, advantages, lower, upper, beta1 * _as_weight(lower), beta2 * _as_weight(upper))
 
 
 def aspo_loss(
@@ -216,7 +292,6 @@ def aspo_loss(
 
 def _as_weight(bound: Bound) -> Bound:
     return bound.detach() if torch.is_tensor(bound) else bound
-
 
 
 def cispo_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, lower: Bound, upper: Bound) -> torch.Tensor:
@@ -257,16 +332,11 @@ def dgpo_metrics(
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _labelled(check: Callable) -> Callable[[str, Any], Any]:
-    """Adapt a `band` check `(value, label)` to the registry's `(label, value)`."""
-    return lambda label, value: check(value, label)
-
-
 BAND = (
-    Hyperparameter("radius", "band_radius", _labelled(check_radius)),
-    Hyperparameter("divergence", "band_divergence", _labelled(check_divergence)),
-    Hyperparameter("upper_max", "band_upper_max", _labelled(check_upper_max)),
-    Hyperparameter("solver", "band_solver", _labelled(check_solver)),
+    Hyperparameter("radius", "band_radius", check_radius),
+    Hyperparameter("divergence", "band_divergence", check_divergence),
+    Hyperparameter("upper_max", "band_upper_max", check_upper_max),
+    Hyperparameter("solver", "band_solver", check_solver),
 )
 
 
@@ -275,9 +345,7 @@ def _check_band_solver_runs(kwargs: Mapping[str, Any], labels: Mapping[str, str]
     reason = solver_unavailable_reason(kwargs["solver"], kwargs["divergence"], device)
     if reason is not None:
         label = labels["solver"]
-        raise ValueError(
-            f"{label}={kwargs['solver']!r} cannot run here: {reason}. Use {label}='auto' or 'torch'."
-        )
+        raise ValueError(f"{label}={kwargs['solver']!r} cannot run here: {reason}. Use {label}='auto' or 'torch'.")
 
 
 _CLIP = (EPSILON_LOW, EPSILON_HIGH)
@@ -301,7 +369,6 @@ register_policy_loss(
         (*BAND, DUAL_CLIP),
         clipped=True,
         check=_check_band_solver_runs,
-        switch=("band_relax", "relaxed_band"),
         incompatible=_TOKEN_LEVEL_ONLY,
     )
 )
@@ -322,7 +389,7 @@ register_policy_loss(
         dcpo_bounds,
         clipped_surrogate_loss,
         # DCPO keeps its own cap (10) in training: band_upper_max is the Band's, not DCPO's.
-        (*_CLIP, Hyperparameter("upper_max", None, _labelled(check_upper_max)), DUAL_CLIP),
+        (*_CLIP, Hyperparameter("upper_max", None, check_upper_max), DUAL_CLIP),
         clipped=True,
         incompatible=_TOKEN_LEVEL_ONLY,
     )
@@ -381,6 +448,3 @@ register_policy_loss(
 
 #: The built-in policy losses (`registered_policy_losses()` also lists any registered later).
 POLICY_LOSSES = tuple(registered_policy_losses())
-CLIPPED_LOSSES = tuple(name for name, spec in registered_policy_losses().items() if spec.clipped)
-
-

@@ -1,16 +1,14 @@
 """BandPOTrainer and DGPOTrainer: GRPOTrainer with the per-token policy term swapped for a registered policy loss.
 
-TRL's `GRPOTrainer._compute_loss` has no smaller hook, so `PolicyLossTrainer._compute_loss` mirrors TRL 1.16's
-method statement by statement, with TRL's order and names, so that a TRL upgrade can be diffed against it. It
-differs in three marked places only: non-finite old log-probs are replaced, the policy term is one call to the
-registered loss (`self._per_token_policy_loss`), and the clip metrics use the bounds actually in force (plus our
-count metrics). Everything else is TRL's: the fused log-prob/entropy forward, entropy mask, off-policy mask, KL
-term, vLLM importance-sampling correction, token/sequence importance sampling, the normaliser of each `loss_type`,
-entropy bonus (static and adaptive), aux loss and TRL's metrics. `tests/test_trl_parity.py` checks that with
-`policy_loss="clip"` the loss, gradients and metrics equal GRPOTrainer's, so a TRL upgrade that changes
-`_compute_loss` fails loudly. (The statements follow TRL's Apache-2.0 method so the two can be diffed; the comments
-are ours.) Loss types whose policy term is TRL's own (`cispo`, `sapo`, `vespo`, `luspo`) are
-delegated to GRPOTrainer unchanged (the config only allows them with `policy_loss="clip"`).
+TRL's `GRPOTrainer._compute_loss` has no smaller hook, so `PolicyLossTrainer._compute_loss` is TRL 1.16's method,
+statements and comments verbatim, with our changes in fenced blocks (`# trl-bandpo: <why>` ... `# trl-bandpo end`):
+loss types with their own policy term go to TRL unchanged, non-finite old log-probs are replaced, the policy term is
+one call to the registered loss (`self._per_token_policy_loss`), the clip ratios use the bounds in force, and our
+count metrics are added. Everything else is TRL's: the fused log-prob/entropy forward, entropy mask, off-policy
+mask, KL term, vLLM importance-sampling correction, token/sequence importance sampling, the normaliser of each
+`loss_type`, entropy bonus, aux loss and TRL's metrics. Two tests keep it so: `tests/test_trl_mirror.py` diffs the
+method against the installed TRL's outside the fences, and `tests/test_trl_parity.py` checks that with
+`policy_loss="clip"` the loss, gradients and metrics equal GRPOTrainer's (docs/upgrading-trl.md).
 """
 
 from __future__ import annotations
@@ -22,15 +20,13 @@ from trl.trainer.utils import nanmax, nanmin
 from .adaptive_radius import OLD_ENTROPIES_KEY, AdaptiveRadius
 from .checkpointing import GenerationBufferCheckpointing
 from .configs import TRL_PER_TOKEN_LOSS_TYPES, BandPOConfig, DGPOConfig, PolicyLossConfig
-from .count_metrics import CountMetrics
 from .dynamic_sampling import DynamicSampling
-from .losses import policy_loss_fn
-from .metrics import clip_counts
+from .losses import policy_loss_spec
+from .metrics import CountMetrics, clip_counts
 
 __all__ = ["BandPOTrainer", "DGPOTrainer", "PolicyLossTrainer"]
 
 _BOUND_KEYS = ("policy_lower_bound", "policy_upper_bound")
-
 
 
 class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSampling, AdaptiveRadius, GRPOTrainer):
@@ -89,7 +85,7 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
             environment_factory=environment_factory,
         )
         self.policy_loss = args.policy_loss
-        self._policy = policy_loss_fn(args.policy_loss)
+        self._policy = policy_loss_spec(args.policy_loss)
         # Read from the config through the loss's registry entry: the fields it reads, checked, as keywords.
         self._policy_bound_kwargs, self._policy_loss_kwargs = self._policy.kwargs_from_config(args)
 
@@ -121,21 +117,25 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
                 output[_BOUND_KEYS[0]], output[_BOUND_KEYS[1]] = lower, upper
         return output
 
-    # -- the loss: TRL 1.16's GRPOTrainer._compute_loss, same order and names ---------------------------------------
+    # -- the loss: TRL 1.16's GRPOTrainer._compute_loss, verbatim but for the fenced blocks ----------------------
+    # Copyright 2020-2026 The HuggingFace Team (Apache-2.0). Each change of ours sits between a
+    # `# trl-bandpo: <why>` line and a `# trl-bandpo end` line; tests/test_trl_mirror.py diffs the rest against the
+    # installed TRL (docs/upgrading-trl.md).
 
     def _compute_loss(self, model, inputs):
+        # trl-bandpo: loss types whose policy term is TRL's own run TRL's method unchanged
         if self.loss_type in TRL_PER_TOKEN_LOSS_TYPES:
             return super()._compute_loss(model, inputs)
-
-        # Inputs: prompt + completion, and the completion tokens that count
+        # trl-bandpo end
+        # Compute the per-token log probabilities for the model
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        logits_to_keep = completion_ids.size(1)  # log-probs of completion positions only
+        logits_to_keep = completion_ids.size(1)  # we only need to compute the logits for the completion tokens
         mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
 
-        # Current log-probs and entropies of the completion tokens (TRL's fused forward)
+        # Compute the per_token_logps and the entropy at each position in the completion
         per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
             model,
             input_ids,
@@ -160,21 +160,30 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
         else:
             entropy_mask = None
 
-        # Advantages, old log-probs, masks
+        # Compute the loss
         advantages = inputs["advantages"]
-        # Advantages are (B,) in GRPO; subclasses may provide (B, T)
+        # In the base GRPO implementation, advantages are expected to have shape (B,). To support subclasses that
+        # provide advantages with shape (B, T), we *conditionally* unsqueeze the tensor.
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
-        # Without `old_per_token_logps` TRL is on-policy: the old log-probs are the current ones, detached.
+        # When num_iterations == 1 and steps_per_generation <= gradient_accumulation_steps,
+        # old_per_token_logps == per_token_logps. In this case we can skip its computation
+        # (see _generate_and_score_completions) and instead use per_token_logps.detach().
+        # The exception is when using vLLM, where we always compute old_per_token_logps
+        # for importance sampling
         old_per_token_logps = inputs.get("old_per_token_logps")
         old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
-        # [trl-bandpo] a non-finite old log-prob (a padded or unscored token) would make that token's loss NaN
+        # trl-bandpo: a non-finite old log-prob (a padded or unscored token) would make that token's loss NaN
         old_per_token_logps = torch.where(
             torch.isfinite(old_per_token_logps), old_per_token_logps, per_token_logps.detach()
         )
+        # trl-bandpo end
 
         if self.off_policy_mask_threshold is not None:
-            # OPSM uses the inference-time log-probs when vLLM provides them, else the old ones
+            # OPSM should use inference-time logprobs to detect both sources of off-policyness:
+            # 1. Drift from gradient updates (always present)
+            # 2. Drift from training-inference mismatch (when using vLLM)
+            # When using vLLM, prioritize sampling_per_token_logps, otherwise use old_per_token_logps
             sampling_per_token_logps = inputs.get("sampling_per_token_logps", old_per_token_logps)
 
             off_policy_mask = self.get_off_policy_mask(
@@ -199,24 +208,27 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
 
         coef_1 = torch.exp(log_importance_weights)
 
-        # k3 estimate of KL(pi_theta || pi_ref) per token
+        # Compute the KL divergence between the model and the reference model
         if self.beta != 0.0:
             ref_per_token_logps = inputs["ref_per_token_logps"]
             per_token_kl = (
                 torch.exp(ref_per_token_logps - per_token_logps) - (ref_per_token_logps - per_token_logps) - 1
             )
-            # reweighted by the importance ratio when bias correction is on
+            # Importance sampling correction for the KL divergence
             if self.args.use_bias_correction_kl:
                 per_token_kl = per_token_kl * coef_1
 
-        # [trl-bandpo] the policy term: the registered loss with its bounds (reused from the generation batch when
-        # they are per-token), in place of TRL's per-`loss_type` branches
+        # From here, log_importance_weights (and all subsequent tensors, coef_1, coef_2, etc.) shape depends on
+        # importance_sampling_level: "token" level: (B, T); "sequence" level: (B, 1)
+        # trl-bandpo: the registered policy loss in place of TRL's per-`loss_type` policy terms; per-token bounds come
+        # with the generation batch (computed once from the old log-probs)
         if _BOUND_KEYS[0] in inputs:
             lower, upper = inputs[_BOUND_KEYS[0]], inputs[_BOUND_KEYS[1]]
         else:  # on-policy (every ratio is 1): the current entropies are the old policy's
             radius = self._token_radius(entropies, mask) if self._adaptive_radius_enabled() else None
             lower, upper = self._policy_bounds(old_per_token_logps, radius)
         per_token_loss = self._per_token_policy_loss(log_importance_weights, advantages, lower, upper)
+        # trl-bandpo end
 
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * off_policy_mask
@@ -224,48 +236,66 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
         if entropy_mask is not None:
             per_token_loss = per_token_loss * entropy_mask
 
-        if self.use_vllm and self.vllm_importance_sampling_correction:
+        if self.use_vllm and self.vllm_importance_sampling_correction and self.loss_type != "vespo":
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
 
         if self.beta != 0.0:
             per_token_loss = per_token_loss + self.beta * per_token_kl
 
         mode = "train" if self.model.training else "eval"
-        if self.loss_type == "grpo":
+        if self.loss_type in ["grpo", "sapo"]:
             loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
             policy_loss = loss.detach()
             loss = loss / normalizer
         elif self.loss_type == "bnpo":
             loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
             policy_loss = loss.detach()
             loss = loss / normalizer
         elif self.loss_type == "dr_grpo":
             loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)
-            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0  # no accum in eval
             policy_loss = loss.detach()
             loss = loss / normalizer
-        elif self.loss_type == "dapo":
-            # the token count covers the whole generation batch: scale it to one accumulation window
+        elif self.loss_type in ["cispo", "dapo", "vespo"]:
+            # `num_items_in_batch` spans the generation batch, so rescale it to one accumulation window
             normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":  # eval batches are neither split nor accumulated
+            if mode == "train":  # in eval, the batch is neither split across steps nor accumulated
                 normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
             loss = (per_token_loss * mask).sum() / normalizer
             policy_loss = loss.detach()
+        elif self.loss_type == "luspo":
+            # `per_token_loss` is (B, 1) only in the recommended sequence-level setup; importance_sampling_level=
+            # "token" (the config default), the KL term, token-level vLLM IS ratios, and the entropy mask all
+            # broadcast it to (B, T), so mask before aggregating.
+            loss = (per_token_loss * mask).sum(-1).mean()
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            policy_loss = loss.detach()
+            loss = loss / normalizer
         else:
             raise ValueError(f"Unknown loss type: {self.loss_type}")
 
-        # Entropy bonus (TRL's documented objective L = L_policy - coef * H, H the mean entropy of the tokens the
-        # policy term acts on), with TRL's adaptive coefficient controller
+        # Entropy bonus: add entropy regularization to encourage exploration. _entropy_bonus_enabled is set
+        # whenever a non-zero static coef is set OR adaptive mode is enabled (adaptive stays enabled even when
+        # entropy_coef has been decremented to entropy_coef_min so it can recover once entropy drops again).
         if self._entropy_bonus_enabled:
+            # When top_entropy_quantile < 1.0, entropy_mask restricts policy gradients to high-entropy
+            # tokens. Use the same effective mask for the entropy bonus so it acts on the same tokens.
             effective_mask = mask if entropy_mask is None else mask * entropy_mask
+            # Entropy bonus = mean per-token entropy H (the documented objective L = L_policy - coef * H), so
+            # H does not depend on how each loss type normalizes its policy term. The bonus is a mean over the
+            # tokens it acts on (effective_mask), scaled only for gradient accumulation, never by a loss-type-
+            # specific policy normalizer. (The adaptive controller below tracks a window-global token-weighted mean,
+            # which can differ from this per-micro-batch mean when token counts vary across micro-batches.)
             accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             entropy_loss = (
                 (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation_factor
             )
 
-            # The coefficient and gating from the end of the previous optimizer step
+            # Apply the coefficient and gating from the end of the previous optimizer step, so that every
+            # micro-batch in the current accumulation window applies the same entropy bonus. The adaptive
+            # update below only takes effect on the next step.
             if self.use_adaptive_entropy:
                 apply_coef = self.entropy_coef if self._last_world_entropy <= self.args.entropy_target else 0.0
             else:
@@ -275,13 +305,19 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
 
             self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
 
-            # Adaptive update over the window of micro-batches, reduced across ranks at the optimizer step
+            # Adaptive update. Gated on train mode so evaluation cannot mutate the entropy controller state.
             if self.use_adaptive_entropy and mode == "train":
+                # Accumulate the entropy sum and active-token count of every micro-batch into a running window
+                # buffer, so the controller measures the exact window-global entropy rather than just the last
+                # micro-batch (which would be a 1 / gradient_accumulation_steps subsample).
                 stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
                 if self._entropy_window_stats is None:
                     self._entropy_window_stats = stats
                 else:
                     self._entropy_window_stats = self._entropy_window_stats + stats
+                # At the optimizer-step boundary, reduce the window totals across ranks (sum and token count
+                # jointly, for a true global mean unbiased when ranks have different completion lengths),
+                # update the coefficient for the next step, then reset the window buffer.
                 if self.accelerator.sync_gradients:
                     window_stats = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
                     world_entropy = (window_stats[0] / window_stats[1].clamp(min=1.0)).item()
@@ -296,23 +332,25 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
                     self._last_world_entropy = world_entropy
                     self._entropy_window_stats = None
 
+            # Log entropy_coef on train optimizer-step boundaries (constant for static control; updated just
+            # above for adaptive control). sync_gradients is always True in eval (no accumulation context).
             if mode == "train" and self.accelerator.sync_gradients:
                 self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
 
-        # MoE router loss, scaled for accumulation like the policy loss
+        # The policy loss above is scaled for gradient accumulation (HF auto-scaling is off here), so scale aux too
         if self.aux_loss_enabled:
             normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
-        # Metrics (TRL's names and reductions)
+        # Log the metrics
         def masked_seq_mean(x):
-            if x.shape[1] == 1:  # sequence-level importance sampling: one value per sequence
+            if x.shape[1] == 1:  # when importance_sampling_level == "sequence": already one value per sequence
                 return x.squeeze(1)
             return (x * mask).sum(-1) / mask.sum(-1)
 
         def global_masked_mean(x):
-            if x.shape[1] == 1:  # sequence-level importance sampling: one value per sequence
+            if x.shape[1] == 1:  # when importance_sampling_level == "sequence": one value per sequence
                 local_sum, local_count = x.sum(), torch.tensor(float(x.shape[0]), device=x.device)
             else:
                 local_sum, local_count = (x * mask).sum(), mask.sum().float()
@@ -324,22 +362,28 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
 
         self._metrics[mode]["entropy"].append(global_masked_mean(entropies))
 
-        # [trl-bandpo] TRL's clip ratios, computed against the bounds in force (not `1 -/+ epsilon`)
-        coef_1 = coef_1.detach()
-        lower_t, upper_t = (torch.as_tensor(b, device=coef_1.device) for b in (lower, upper))
-        is_low_clipped = (coef_1 < lower_t) & (advantages < 0)
-        is_high_clipped = (coef_1 > upper_t) & (advantages > 0)
-        is_region_clipped = is_low_clipped | is_high_clipped
-        self._metrics[mode]["clip_ratio/low_mean"].append(global_masked_mean(is_low_clipped.float()))
-        self._metrics[mode]["clip_ratio/high_mean"].append(global_masked_mean(is_high_clipped.float()))
-        self._metrics[mode]["clip_ratio/region_mean"].append(global_masked_mean(is_region_clipped.float()))
-        gathered_low_clip = self.accelerator.gather(masked_seq_mean(is_low_clipped.float()))
-        self._metrics[mode]["clip_ratio/low_min"].append(nanmin(gathered_low_clip).item())
-        gathered_high_clip = self.accelerator.gather(masked_seq_mean(is_high_clipped.float()))
-        self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high_clip).item())
+        if self.loss_type in ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"]:
+            # Compute the clipped probability ratios
+            # trl-bandpo: clipped against the bounds in force, not 1 -/+ epsilon
+            lower_t, upper_t = (torch.as_tensor(bound, device=coef_1.device) for bound in (lower, upper))
+            is_low_clipped = (coef_1 < lower_t) & (advantages < 0)
+            is_high_clipped = (coef_1 > upper_t) & (advantages > 0)
+            # trl-bandpo end
+            is_region_clipped = is_low_clipped | is_high_clipped
+            self._metrics[mode]["clip_ratio/low_mean"].append(global_masked_mean(is_low_clipped.float()))
+            self._metrics[mode]["clip_ratio/high_mean"].append(global_masked_mean(is_high_clipped.float()))
+            self._metrics[mode]["clip_ratio/region_mean"].append(global_masked_mean(is_region_clipped.float()))
+            gathered_low_clip = self.accelerator.gather(masked_seq_mean(is_low_clipped.float()))
+            self._metrics[mode]["clip_ratio/low_min"].append(nanmin(gathered_low_clip).item())
+            gathered_high_clip = self.accelerator.gather(masked_seq_mean(is_high_clipped.float()))
+            self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high_clip).item())
+        elif self.loss_type == "cispo":
+            is_cispo_clipped = (coef_1 > self.epsilon_high) & (advantages > 0)
+            self._metrics[mode]["cispo_clip_ratio"].append(global_masked_mean(is_cispo_clipped.float()))
+        elif self.loss_type == "vespo":
+            self._metrics[mode]["vespo/phi_seq_mean"].append(global_masked_mean(phi_seq))  # noqa: F821
 
-        # [trl-bandpo] count metrics (docs/metrics.md): numerators and denominators summed over processes and
-        # accumulation steps, divided at logging
+        # trl-bandpo: count metrics (docs/metrics.md), summed over processes and accumulation steps, divided at logging
         with torch.no_grad():
             counts = clip_counts(old_per_token_logps, coef_1, advantages, lower_t, upper_t, mask)
             if self._policy.metrics is not None:
@@ -349,7 +393,7 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
                     )
                 )
             self._add_counts(mode, counts)
-
+        # trl-bandpo end
         return loss
 
 

@@ -25,8 +25,12 @@ class RecordingTrainer(BandPOTrainer):
         if self.model.training:
             signal = group_has_signal(output["advantages"], self.num_generations).tolist()
             RecordingTrainer.batches.append(
-                {"signal": signal, "rows": int(output["completion_ids"].shape[0]),
-                 "items": float(output["num_items_in_batch"]), "tokens": float(output["completion_mask"].sum())}
+                {
+                    "signal": signal,
+                    "rows": int(output["completion_ids"].shape[0]),
+                    "items": float(output["num_items_in_batch"]),
+                    "tokens": float(output["completion_mask"].sum()),
+                }
             )
             RecordingTrainer.outputs.append(output)
         return output
@@ -55,8 +59,14 @@ def main(model_dir, output_dir):
     trainer.train()
     rank = trainer.accelerator.process_index
     with open(os.path.join(output_dir, f"dynamic_sampling_rank{rank}.json"), "w") as f:
-        json.dump({"batches": RecordingTrainer.batches, "log_history": trainer.state.log_history,
-                   "world": trainer.accelerator.num_processes}, f)
+        json.dump(
+            {
+                "batches": RecordingTrainer.batches,
+                "log_history": trainer.state.log_history,
+                "world": trainer.accelerator.num_processes,
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

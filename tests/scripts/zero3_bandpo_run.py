@@ -35,8 +35,14 @@ def main(model_dir, output_dir):
     trainer.train()
     rank = trainer.accelerator.process_index
     with open(os.path.join(output_dir, f"log_history_rank{rank}.json"), "w") as f:
-        json.dump({"log_history": trainer.state.log_history, "world": trainer.accelerator.num_processes,
-                   "deepspeed": trainer.is_deepspeed_enabled}, f)
+        json.dump(
+            {
+                "log_history": trainer.state.log_history,
+                "world": trainer.accelerator.num_processes,
+                "deepspeed": trainer.is_deepspeed_enabled,
+            },
+            f,
+        )
 
 
 if __name__ == "__main__":

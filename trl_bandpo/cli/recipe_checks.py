@@ -129,9 +129,7 @@ def _losses_reading(fields: Sequence[str]) -> list[str]:
     """The registered policy losses (other than "clip") that read any of `fields` (only for the message's hint)."""
     names = []
     for name, spec in registered_policy_losses().items():
-        read = {getattr(hp, "field", None) for hp in getattr(spec, "hyperparameters", ())}
-        switch = getattr(spec, "switch", None)
-        read |= {switch[0]} if switch else set()
+        read = set(spec.config_fields)
         if name != "clip" and read & set(fields):
             names.append(name)
     return names

@@ -137,8 +137,7 @@ class ScriptArguments:
                 isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
             ):
                 raise ValueError(
-                    f"{name} must be a string or a list of strings (names or local files), got "
-                    f"{value!r}."
+                    f"{name} must be a string or a list of strings (names or local files), got {value!r}."
                 )
         for name in ("dataset_split", "problem_field", "answer_field", "instruction"):
             value = getattr(self, name)

@@ -223,7 +223,10 @@ def _run(args, settings, train_rows, eval_rows, out: Path, total_start: float) -
     results = {
         "settings": dict(vars(args)),
         "warm_start": {
-            **warm, "reused": reused, "seconds": warm_seconds, **{k: v for k, v in warm_meta.items() if k != "key"}
+            **warm,
+            "reused": reused,
+            "seconds": warm_seconds,
+            **{k: v for k, v in warm_meta.items() if k != "key"},
         },
         "methods": rows,
         "reference": reference,

@@ -327,7 +327,7 @@ def summary_markdown(
             "",
             "## Observations (computed from the numbers above; one seed at toy scale, not a test of the papers)",
             "",
-            "\"within noise\": the difference is below two standard errors of this run's measurement (held-out "
+            '"within noise": the difference is below two standard errors of this run\'s measurement (held-out '
             "sampling, or step-to-step spread). Seed-to-seed variation of training is not included and is larger: "
             "rerun with other `--seed` values before reading anything into a difference.",
             "",
