@@ -9,6 +9,10 @@
 #   RUN_GPU_STEPS=train_wide,zero3 bash benchmarks/run_gpu.sh     # only these steps (a rerun of what was skipped)
 #   RUN_GPU_REHEARSAL=1 bash benchmarks/run_gpu.sh                # on a CPU machine: every step, CPU-sized
 #
+# Settings are checked before anything runs, and a bad one exits 2 naming it: RUN_GPU_STEPS (step names below,
+# comma-separated), RUN_GPU_BUDGET_S (whole seconds), RUN_GPU_REHEARSAL (1, or 0 / unset), PYTHON (default python3),
+# OUT (a folder this script can write; an output that cannot be written later fails the run too).
+#
 # $OUT holds two files, rewritten after every step (a device call returns at most 8): summary.md, every step's
 # output one after the other, and results.tar.gz, the same outputs as the files named below.
 #
@@ -16,8 +20,8 @@
 # Steps and outputs (in results.tar.gz):
 #   env            env.txt: device, driver, versions; trl_bandpo's kernels import without trl
 #   gpu_tests      pytest_gpu.txt: tests marked gpu in test_kernels / test_band_radius (compiled kernels vs mpmath
-#                  and the torch solver per dtype, per-token radius without host sync, torch.compile, CUDA graphs,
-#                  > 2^31 elements)
+#                  and the torch solver per dtype, the kernel's self-check, per-token radius without host sync,
+#                  torch.compile, CUDA graphs, > 2^31 elements)
 #   bench_kl       bench_cuda_float32.md: KL bounds, Triton vs torch solver vs authors'-style bisection vs a copy,
 #                  with the launch-configuration sweep
 #   train_tiny     bench_train_tiny.md/.json: GRPOTrainer vs BandPOTrainer (clip, band) vs DGPOTrainer, bf16
@@ -28,25 +32,51 @@
 #   interpreter    pytest_interpreter.txt: the kernel tests' interpreter half (TRITON_INTERPRET) with this Triton
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-${TMPDIR:-/tmp}/trl_bandpo_gpu_out}"
-WORK="$(mktemp -d)"
-mkdir -p "$OUT"
-: >"$OUT/summary.md"
+STEPS=(gpu_tests bench_kl train_tiny train_wide zero3 entropies bench_bf16 interpreter)  # the run_step names below
+
+fail() {
+  echo "run_gpu.sh: error: $*" >&2
+  exit 2
+}
+BUDGET_S="${RUN_GPU_BUDGET_S:-540}"
+[[ "$BUDGET_S" =~ ^[0-9]+$ ]] || fail "RUN_GPU_BUDGET_S='$BUDGET_S' is not a whole number of seconds"
+case "${RUN_GPU_REHEARSAL:-}" in
+  "" | 0) REHEARSAL="" ;;
+  1) REHEARSAL=1 ;;
+  *) fail "RUN_GPU_REHEARSAL='$RUN_GPU_REHEARSAL' is not 1 (CPU-sized steps) or 0 / unset (the GPU run)" ;;
+esac
+ALLOWED="$(IFS=,; echo "${STEPS[*]}")"
+if [[ -n "${RUN_GPU_STEPS:-}" ]]; then
+  IFS=, read -r -a wanted <<<"$RUN_GPU_STEPS"
+  for step in "${wanted[@]}"; do
+    if [[ -n "$step" && ",$ALLOWED," != *",$step,"* ]]; then
+      fail "RUN_GPU_STEPS='$RUN_GPU_STEPS' names an unknown step '$step'; the steps are $ALLOWED"
+    fi
+  done
+fi
 PY="${PYTHON:-python3}"
+command -v "$PY" >/dev/null || fail "PYTHON='$PY' is not a command"
+OUT="${OUT:-${TMPDIR:-/tmp}/trl_bandpo_gpu_out}"
+{ mkdir -p "$OUT" && : >"$OUT/summary.md"; } 2>/dev/null || fail "cannot write to the output folder OUT='$OUT'"
+WORK="$(mktemp -d)" || fail "cannot create a working folder (mktemp -d)"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 unset TRITON_INTERPRET
 status=0
-BUDGET_S="${RUN_GPU_BUDGET_S:-540}"
-REHEARSAL="${RUN_GPU_REHEARSAL:-}"
 DEVICE=cuda
 [[ -n "$REHEARSAL" ]] && DEVICE=cpu
 
-# collect NAME FILE: append FILE to summary.md under a heading, and repack results.tar.gz.
+# collect NAME FILE: append FILE to summary.md under a heading, and repack results.tar.gz (failing the run if $OUT
+# cannot take them).
 collect() {
-  printf '\n## %s (%s)\n\n```\n' "$1" "$(basename "$2")" >>"$OUT/summary.md"
-  cat "$2" >>"$OUT/summary.md"
-  printf '```\n' >>"$OUT/summary.md"
-  tar -czf "$OUT/results.tar.gz" -C "$WORK" .
+  {
+    printf '\n## %s (%s)\n\n```\n' "$1" "$(basename "$2")" >>"$OUT/summary.md" \
+      && cat "$2" >>"$OUT/summary.md" \
+      && printf '```\n' >>"$OUT/summary.md" \
+      && tar -czf "$OUT/results.tar.gz" -C "$WORK" .
+  } || {
+    echo "run_gpu.sh: cannot write the outputs of $1 to OUT='$OUT'" >&2
+    status=1
+  }
 }
 
 # run_step NAME LIMIT_S OUTFILE CMD...: CMD time-boxed to min(LIMIT_S, what is left of BUDGET_S), output in

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -59,3 +60,53 @@ def test_run_gpu_script_parses_and_its_files_exist():
     ]  # fmt: skip
     for name, _ in steps:  # every step is documented in the header
         assert re.search(rf"^#\s+{name}\s", text, flags=re.M), name
+
+
+STEPS = "gpu_tests,bench_kl,train_tiny,train_wide,zero3,entropies,bench_bf16,interpreter"
+
+
+def _run_gpu(tmp_path, **env) -> subprocess.CompletedProcess:
+    """run_gpu.sh with PYTHON=true, a stand-in that does nothing: a step that runs (a missed check) ends at once."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": "true", **env}
+    script = ROOT / "benchmarks" / "run_gpu.sh"
+    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
+def test_run_gpu_script_steps_list_is_its_run_steps():
+    """The names RUN_GPU_STEPS is checked against are the steps the script runs."""
+    text = (ROOT / "benchmarks" / "run_gpu.sh").read_text()
+    listed = re.search(r"^STEPS=\(([\w ]+)\)", text, flags=re.M).group(1).split()
+    assert listed == re.findall(r"^run_step (\w+) ", text, flags=re.M) == STEPS.split(",")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"RUN_GPU_STEPS": "train_wide,zer03"}, f"RUN_GPU_STEPS='train_wide,zer03' names an unknown step 'zer03'; "
+                                                f"the steps are {STEPS}"),
+        ({"RUN_GPU_BUDGET_S": "abc"}, "RUN_GPU_BUDGET_S='abc' is not a whole number of seconds"),
+        ({"RUN_GPU_BUDGET_S": "9m"}, "RUN_GPU_BUDGET_S='9m' is not a whole number of seconds"),
+        ({"RUN_GPU_REHEARSAL": "yes"}, "RUN_GPU_REHEARSAL='yes' is not 1"),
+        ({"PYTHON": "no-such-python3"}, "PYTHON='no-such-python3' is not a command"),
+    ],
+)  # fmt: skip
+def test_run_gpu_script_refuses_a_bad_setting_before_running_anything(tmp_path, env, message):
+    """A typo is an error that names the setting (exit 2, no step, no output), not a run that skips every step and
+    exits 0, nor bash's "unbound variable"."""
+    result = _run_gpu(tmp_path, **env)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"run_gpu.sh: error: {message}" in result.stderr
+    assert "unbound variable" not in result.stderr and result.stdout == ""
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
+def test_run_gpu_script_refuses_an_unwritable_output_folder(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "a_file" / "out"  # a folder below a file: cannot be created, even by root
+    result = _run_gpu(tmp_path, OUT=str(out), RUN_GPU_STEPS="interpreter")
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"run_gpu.sh: error: cannot write to the output folder OUT='{out}'" in result.stderr
+    assert result.stdout == ""

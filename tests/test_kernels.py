@@ -170,7 +170,185 @@ def _interpreter_checks() -> dict:
 def _worker(cases_path: str, out_path: str) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
     cases = torch.load(cases_path)
+    if cases == SELF_CHECK:  # the self-check scenarios below, each run in this interpreted process
+        torch.save(_self_check_worker(), out_path)
+        return
     torch.save({"outputs": run_kernel(cases, "cpu"), "checks": _interpreter_checks()}, out_path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The kernel's one-time check against the torch solver (trl_bandpo/kernels/self_check.py), run under the interpreter:
+# each scenario starts from an unchecked process state, with the launcher healthy or faulty.
+
+SELF_CHECK = "self-check"
+FAULT_INDEX = 10  # the grid element whose float32 upper bound at radius 0.05 the faulty launcher perturbs
+
+
+def _self_check_scenarios() -> dict:
+    """name -> callable(harness) raising on failure; `harness` gives the fault, a launch count and warnings."""
+    import warnings
+
+    from trl_bandpo.band import band_bounds
+    from trl_bandpo.kernels import self_check
+
+    x = torch.linspace(-20.0, 0.0, 300).reshape(3, 100)
+    torch_bounds = band_bounds(x, 0.05, solver="torch")
+    check_launches = 2 * (len(self_check.CHECK_RADII) + 1)  # float32 and float64: each float radius, one per-token
+
+    def same(a, b):
+        return all(torch.equal(u, v) for u, v in zip(a, b))
+
+    def check_warnings(record):
+        return [w for w in record if issubclass(w.category, self_check.KernelCheckWarning)]
+
+    def healthy(h):
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            first = band_bounds(x, 0.05)
+        assert not check_warnings(record), [str(w.message) for w in record]
+        assert self_check.kernel_check_verdicts() == {"cpu": None}
+        assert h.launches == check_launches + 1, h.launches  # the check, then this call: the kernel is used
+        assert not same(first, torch_bounds)  # the kernel's bits, not the torch solver's
+        # once per process and device: later calls neither re-check nor read values on the host
+        h.forbid_host_reads()
+        h.monkeypatch.setattr(self_check, "compare_kernel_with_torch", h.fail)
+        band_bounds(x, 0.05)
+        band_bounds(x, torch.full((3, 1), 0.3))
+        band_bounds(x.double(), 1.0, solver="triton")
+        assert h.launches == check_launches + 4
+
+    def faulty_auto_warns_once_and_falls_back(h):
+        h.inject_fault()
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            first = band_bounds(x, 0.05)
+            second = band_bounds(x, 0.05)
+        found = check_warnings(record)
+        assert len(found) == 1, [str(w.message) for w in record]
+        message = str(found[0].message)
+        grid = self_check._grid(torch.float32, "cpu")
+        p = math.exp(float(grid[FAULT_INDEX]))
+        want = band_bounds(grid, 0.05, solver="torch")[1][FAULT_INDEX].item()
+        perturbed = (h.original(grid, 0.05)[1][FAULT_INDEX] * 1.001).item()  # float32 arithmetic, as the fault's
+        for part in ("float32 upper bound", f"p = {p:.6g}", "radius = 0.05", f"kernel {perturbed!r}",
+                     f"torch solver {want!r}", "uses the torch solver", "TRL_BANDPO_KL_KERNEL=trust"):  # fmt: skip
+            assert part in message, (part, message)
+        assert same(first, torch_bounds) and same(second, torch_bounds)
+        assert h.launches == check_launches  # the check only: then the torch solver
+        assert "disagrees with the torch solver" in self_check.kernel_check_verdicts()["cpu"]
+        # an explicit request for the kernel is an error, not a silent switch
+        with pytest.raises(ValueError, match="solver='triton' cannot run here: the Triton KL kernel disagrees"):
+            band_bounds(x, 0.05, solver="triton")
+        assert h.launches == check_launches
+
+    def faulty_explicit_triton_raises(h):
+        h.inject_fault()
+        with pytest.warns(self_check.KernelCheckWarning, match=r"p = .*radius = 0\.05"):
+            with pytest.raises(ValueError, match="one-time check on cpu: float32 upper bound"):
+                band_bounds(x, 0.05, solver="triton")
+
+    def faulty_first_use_under_compile(h):
+        h.inject_fault()
+        fn = lambda t: band_bounds(t, 0.05, upper_max=10.0)  # noqa: E731
+        with pytest.warns(self_check.KernelCheckWarning):
+            got = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+        assert same(got, band_bounds(x, 0.05, upper_max=10.0, solver="torch"))
+
+    def failing_launcher_falls_back(h):
+        h.monkeypatch.setattr(h.band_kl, "_band_kl_launch", h.fail)
+        with pytest.warns(self_check.KernelCheckWarning, match="failed to run .* on cpu .*RuntimeError: injected"):
+            assert same(band_bounds(x, 0.05), torch_bounds)
+
+    def trust_skips_the_check(h):
+        h.inject_fault()
+        h.monkeypatch.setenv("TRL_BANDPO_KL_KERNEL", "trust")
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            band_bounds(x, 0.05)
+        assert not check_warnings(record) and self_check.kernel_check_verdicts() == {}
+        assert h.launches == 1
+
+    def off_never_uses_the_kernel(h):
+        h.monkeypatch.setenv("TRL_BANDPO_KL_KERNEL", " OFF ")
+        assert same(band_bounds(x, 0.05), torch_bounds) and h.launches == 0
+        with pytest.raises(ValueError, match="TRL_BANDPO_KL_KERNEL=off turns the Triton KL kernel off"):
+            band_bounds(x, 0.05, solver="triton")
+
+    def bad_value_is_a_clear_error(h):
+        h.monkeypatch.setenv("TRL_BANDPO_KL_KERNEL", "sometimes")
+        for solver in ("auto", "triton"):
+            with pytest.raises(ValueError, match=r"TRL_BANDPO_KL_KERNEL='sometimes' is not one of \['auto', 'tr"):
+                band_bounds(x, 0.05, solver=solver)
+        assert same(band_bounds(x, 0.05, solver="torch"), torch_bounds) and h.launches == 0
+
+    scenarios = (
+        healthy,
+        faulty_auto_warns_once_and_falls_back,
+        faulty_explicit_triton_raises,
+        faulty_first_use_under_compile,
+        failing_launcher_falls_back,
+        trust_skips_the_check,
+        off_never_uses_the_kernel,
+        bad_value_is_a_clear_error,
+    )
+    return {f.__name__: f for f in scenarios}
+
+
+class _SelfCheckHarness:
+    """Counts launcher calls, injects faults into the launcher, forbids host reads; undone by `monkeypatch`."""
+
+    def __init__(self, monkeypatch):
+        from trl_bandpo.kernels import band_kl
+
+        self.monkeypatch, self.band_kl, self.launches = monkeypatch, band_kl, 0
+        self.original = band_kl._band_kl_launch
+        monkeypatch.setattr(band_kl, "_band_kl_launch", self._counted)
+
+    def _counted(self, *args, **kwargs):
+        self.launches += 1
+        return self.original(*args, **kwargs)
+
+    def inject_fault(self):
+        """float32, float radius 0.05: the upper bound at FAULT_INDEX 0.1% high, beyond the 2e-6 tolerance."""
+
+        def faulty(old_logps, radius, *args, **kwargs):
+            lower, upper = self._counted(old_logps, radius, *args, **kwargs)
+            if old_logps.dtype == torch.float32 and not torch.is_tensor(radius) and radius == 0.05:
+                upper = upper.clone()
+                upper.view(-1)[FAULT_INDEX] *= 1.001
+            return lower, upper
+
+        self.monkeypatch.setattr(self.band_kl, "_band_kl_launch", faulty)
+
+    @staticmethod
+    def fail(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    def forbid_host_reads(self):
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__", "__index__"):
+            self.monkeypatch.setattr(torch.Tensor, name, self.fail)
+
+
+def _self_check_worker() -> dict:
+    """scenario name -> "ok" or its traceback."""
+    results = {}
+    try:
+        from trl_bandpo.kernels import self_check
+
+        scenarios = _self_check_scenarios()
+    except Exception:
+        return {"import": traceback.format_exc()}
+    for name, scenario in scenarios.items():
+        self_check._verdicts.clear()  # a fresh process, as far as the check knows
+        try:
+            with pytest.MonkeyPatch.context() as monkeypatch:
+                monkeypatch.delenv("TRL_BANDPO_KL_KERNEL", raising=False)
+                scenario(_SelfCheckHarness(monkeypatch))
+            results[name] = "ok"
+        except BaseException:
+            results[name] = traceback.format_exc()
+    self_check._verdicts.clear()
+    return results
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -396,6 +574,56 @@ def test_interpreter_custom_op_and_compile(kernel_run):
     assert checks["compile"] == "ok", checks["compile"]
 
 
+SELF_CHECK_SCENARIOS = [
+    "healthy",
+    "faulty_auto_warns_once_and_falls_back",
+    "faulty_explicit_triton_raises",
+    "faulty_first_use_under_compile",
+    "failing_launcher_falls_back",
+    "trust_skips_the_check",
+    "off_never_uses_the_kernel",
+    "bad_value_is_a_clear_error",
+]
+
+
+@pytest.fixture(scope="module")
+def self_check_results(tmp_path_factory):
+    pytest.importorskip("triton")
+    return run_interpreter_subprocess(__file__, SELF_CHECK, str(tmp_path_factory.mktemp("self_check")))
+
+
+@pytest.mark.parametrize("scenario", SELF_CHECK_SCENARIOS)
+def test_kernel_self_check_under_the_interpreter(self_check_results, scenario):
+    """The kernel's one-time check against the torch solver (docs/band-operator.md, "Solvers and speed"): a healthy
+    kernel is used without a warning, checked once, with no host read afterwards; a perturbed upper bound warns once
+    naming p, radius and both values, and "auto" then solves with torch while "triton" raises;
+    TRL_BANDPO_KL_KERNEL=trust skips the check, =off never uses the kernel, any other value is an error."""
+    assert "import" not in self_check_results, self_check_results["import"]
+    assert sorted(self_check_results) == sorted(SELF_CHECK_SCENARIOS)
+    assert self_check_results[scenario] == "ok", self_check_results[scenario]
+
+
+def test_kernel_self_check_mode_and_result_without_triton(monkeypatch):
+    """The switch and the report need no kernel: unset/empty is "auto", values are case-blind, others are refused."""
+    from trl_bandpo.kernels.self_check import ENV_VAR, CheckResult, kl_kernel_mode
+
+    assert ENV_VAR == "TRL_BANDPO_KL_KERNEL"
+    for value, mode in (("", "auto"), ("auto", "auto"), ("Trust", "trust"), (" off ", "off")):
+        monkeypatch.setenv(ENV_VAR, value)
+        assert kl_kernel_mode() == mode
+    monkeypatch.delenv(ENV_VAR)
+    assert kl_kernel_mode() == "auto"
+    monkeypatch.setenv(ENV_VAR, "torch")
+    with pytest.raises(ValueError, match="TRL_BANDPO_KL_KERNEL='torch' is not one of"):
+        kl_kernel_mode()
+    result = CheckResult(torch.float32, "upper", 1e-6, 1.0, 1.5, 1.25, 0.2, 2e-6)
+    assert not result.ok and CheckResult(torch.float64, "lower", 0.5, 0.05, 0.7, 0.7, 0.0, 1e-6).ok
+    assert result.describe() == (
+        "float32 upper bound at p = 1e-06, radius = 1: kernel 1.5, torch solver 1.25 "
+        "(difference 0.2 x max(1, r), tolerance 2e-06)"
+    )
+
+
 def test_cpu_without_interpreter_is_refused():
     """Without TRITON_INTERPRET, `solver="triton"` on CPU is a clear error and "auto" falls back to torch."""
     from trl_bandpo.band import band_bounds
@@ -432,6 +660,25 @@ def test_gpu_auto_uses_triton():
     finally:
         band_kl._band_kl_launch = original
     assert calls, "solver='auto' did not run the Triton kernel on a CUDA tensor"
+
+
+@pytest.mark.gpu
+def test_gpu_self_check_passes(monkeypatch):
+    """The one-time check on this GPU: the compiled kernel agrees with the torch solver within the accuracy targets,
+    and `band_bounds(solver="auto")` keeps the kernel (no KernelCheckWarning)."""
+    import warnings
+
+    from trl_bandpo.band import band_bounds
+    from trl_bandpo.kernels import self_check
+
+    monkeypatch.delenv(self_check.ENV_VAR, raising=False)
+    result = self_check.compare_kernel_with_torch("cuda")
+    assert result.ok, result.describe()
+    print(f"worst kernel-vs-torch difference: {result.describe()}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", self_check.KernelCheckWarning)
+        band_bounds(_gpu_input(), 0.05)
+    assert self_check.kernel_check_verdicts()[str(torch.empty(0, device="cuda").device)] is None
 
 
 @pytest.mark.gpu

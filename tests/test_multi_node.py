@@ -212,6 +212,57 @@ def test_missing_or_inconsistent_slurm_environment_is_a_clear_error(env, message
         mn.train_command(env, RECIPE)
 
 
+@pytest.mark.parametrize(
+    ("env", "gpus"),
+    [
+        ({"SLURM_GPUS_PER_NODE": "8"}, 8),
+        ({"SLURM_GPUS_PER_NODE": "h100:8"}, 8),
+        ({"SLURM_GPUS_PER_NODE": "gpu:h100:4"}, 4),
+        ({"SLURM_GPUS_PER_NODE": "a100:2(IDX:0,1)"}, 2),
+        ({"SLURM_GPUS_ON_NODE": "4", "SLURM_GPUS_PER_NODE": "h100:8"}, 4),  # what this node got wins
+    ],
+)
+def test_gpus_per_node_reads_typed_counts(env, gpus):
+    assert mn.gpus_per_node(env) == gpus
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        # several GPU types on a node are refused, not summed, even where SLURM_GPUS_ON_NODE holds their sum
+        ({"SLURM_GPUS_PER_NODE": "h100:8,a100:4"}, "SLURM_GPUS_PER_NODE='h100:8,a100:4' lists several GPU types"),
+        ({"SLURM_GPUS_ON_NODE": "12", "SLURM_GPUS_PER_NODE": "h100:8,a100:4"}, "lists several GPU types"),
+        ({"SLURM_GPUS_PER_NODE": "h100"}, "SLURM_GPUS_PER_NODE='h100' is not a number of GPUs > 0"),
+        ({"SLURM_GPUS_PER_NODE": "h100:0"}, "SLURM_GPUS_PER_NODE='h100:0' is not a number of GPUs > 0"),
+        ({"SLURM_GPUS_ON_NODE": "eight", "SLURM_GPUS_PER_NODE": "8"}, "SLURM_GPUS_ON_NODE='eight' is not a number"),
+    ],
+)
+def test_unreadable_gpu_counts_name_the_variable_value_and_accepted_forms(env, message):
+    with pytest.raises(mn.LaunchError, match=message) as err:
+        mn.gpus_per_node(env)
+    assert "accepted: a count (8) or one TYPE:COUNT (h100:8" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_layout_checks_the_batch_scripts_settings(capsys):
+    """`layout` reads the settings from the environment (VLLM_NODES, VLLM_PORT, ...) and checks them all."""
+    env = {"SLURM_JOB_NODELIST": "gpu[001-003]", "SLURM_GPUS_ON_NODE": "8"}
+    assert mn.run(["layout", "--recipe", RECIPE], {**env, "VLLM_NODES": "0", "RDZV_BACKEND": "c10d"}) is None
+    assert "TRAIN_NODES=gpu001,gpu002,gpu003\n" in capsys.readouterr().out
+    good = {"VLLM_PORT": "8100", "MAIN_PROCESS_PORT": "29501", "VLLM_STARTUP_TIMEOUT": "2.5", "VLLM_NODES": "1",
+            "VLLM_TENSOR_PARALLEL_SIZE": "4", "VLLM_DATA_PARALLEL_SIZE": "2", "VLLM_HEALTH_INTERVAL": "1",
+            "ACCELERATE_CONFIG": "accelerate_configs/zero3.yaml", "VLLM_MAX_MODEL_LEN": "4096"}  # fmt: skip
+    mn.run(["layout", "--recipe", RECIPE], {**env, **good})
+    assert "VLLM_HEALTH_URL=http://gpu003:8100/health" in capsys.readouterr().out
+    for name, value, message in [
+        ("RDZV_BACKEND", "etcd", "RDZV_BACKEND='etcd': must be static or c10d"),
+        ("VLLM_PORT", "80000", "VLLM_PORT='80000': must be a port number, 1-65535"),
+        ("VLLM_STARTUP_TIMEOUT", "30m", "VLLM_STARTUP_TIMEOUT='30m': must be a number of seconds > 0"),
+        ("VLLM_DATA_PARALLEL_SIZE", "16", "tensor parallel 0 x data parallel 16 needs more than the 8 GPUs"),
+    ]:
+        with pytest.raises(mn.LaunchError, match=message):
+            mn.run(["layout", "--recipe", RECIPE], {**env, name: value})
+
+
 def test_cli_errors_name_the_problem(capsys):
     assert mn.main(["train", "--recipe", "recipes/dgpo/missing.yaml"]) == 2
     assert "recipes/dgpo/missing.yaml does not exist" in capsys.readouterr().err
@@ -395,6 +446,30 @@ def test_sbatch_without_a_vllm_node_trains_on_every_node(tmp_path):
         assert argv[argv.index("--num_processes") + 1] == "6" and "--vllm_server_host" not in argv
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"RDZV_BACKEND": "bogus"}, "RDZV_BACKEND='bogus': must be static or c10d"),
+        ({"MAIN_PROCESS_PORT": "abc"}, "MAIN_PROCESS_PORT='abc': must be a port number, 1-65535"),
+        ({"VLLM_STARTUP_TIMEOUT": "soon"}, "VLLM_STARTUP_TIMEOUT='soon': must be a number of seconds > 0"),
+        ({"VLLM_HEALTH_INTERVAL": "0"}, "VLLM_HEALTH_INTERVAL='0': must be a number of seconds > 0"),
+        ({"ACCELERATE_CONFIG": "missing.yaml"}, "ACCELERATE_CONFIG='missing.yaml': must be an existing file"),
+        ({"VLLM_NODES": "2"}, "VLLM_NODES='2': must be 0 or 1"),
+        ({"VLLM_MAX_MODEL_LEN": "8k"}, "VLLM_MAX_MODEL_LEN='8k': must be a whole number >= 1"),
+        ({"VLLM_TENSOR_PARALLEL_SIZE": "4"}, "tensor parallel 4 x data parallel 1 needs more than the 2 GPUs"),
+        ({"SLURM_GPUS_ON_NODE": "", "SLURM_GPUS_PER_NODE": "h100:8,a100:4"},
+         "SLURM_GPUS_PER_NODE='h100:8,a100:4' lists several GPU types"),
+    ],
+)  # fmt: skip
+def test_sbatch_checks_every_setting_before_starting_anything(tmp_path, setting, message):
+    """A bad setting ends the job at once, naming the variable, before the vLLM server (or anything) starts."""
+    result, log, _ = run_sbatch(tmp_path, **setting)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"multi_node.py: error: {message}" in result.stderr
+    assert not (log / "srun.txt").exists() and not (log / "trl.json").exists(), "a process started"
+    assert "training finished" not in result.stdout
+
+
 def test_sbatch_without_a_recipe_prints_its_usage(tmp_path):
     bash = shutil.which("bash") or pytest.skip("no bash on this machine")
     result = subprocess.run([bash, str(SBATCH)], capture_output=True, text=True, timeout=30)
@@ -466,4 +541,4 @@ def test_builder_is_not_part_of_the_package():
         assert "import scripts" not in text and "from scripts" not in text, path
     source = (REPO / "scripts" / "slurm" / "multi_node.py").read_text()
     assert "import trl_bandpo" not in source and "from trl_bandpo" not in source
-    assert len(source.splitlines()) < 400
+    assert len(source.splitlines()) < 450  # 400 until it also checked the batch script's settings (SETTINGS)

@@ -3,13 +3,15 @@
 The job's nodes are split into N training nodes (the first ones, in SLURM's order) and, by default, one vLLM node
 (the last one). Each subcommand reads the SLURM environment and prints, or with `--exec` runs, one command:
 
-    python scripts/slurm/multi_node.py layout --recipe R       # shell assignments for the batch script
+    python scripts/slurm/multi_node.py layout --recipe R       # checks every setting, prints shell assignments
     python scripts/slurm/multi_node.py vllm --recipe R --exec  # `trl vllm-serve` on the vLLM node
     python scripts/slurm/multi_node.py wait --url URL           # until the vLLM server answers /health
     python scripts/slurm/multi_node.py train --recipe R --exec [-- --recipe_field value ...]
                                                                 # one `accelerate launch` per training node
 
-An application script, not part of the `trl_bandpo` package: the standard library, and PyYAML to read the recipe.
+`layout` also checks the batch script's settings (`SETTINGS`, environment variables) and the vLLM server command, so
+a bad value stops the job before any process starts. An application script, not part of the `trl_bandpo` package:
+the standard library, and PyYAML to read the recipe.
 """
 
 from __future__ import annotations
@@ -77,14 +79,23 @@ def expand_nodelist(expression: str) -> list[str]:
     return [host for part in _split_top_level(expression.strip()) for host in _expand_one(part)]
 
 
+GPU_FORMS = "accepted: a count (8) or one TYPE:COUNT (h100:8, gpu:h100:8)"
+
+
 def gpus_per_node(env: Mapping[str, str], override: int | None = None) -> int:
-    """GPUs on each node: the argument, else SLURM_GPUS_ON_NODE, else SLURM_GPUS_PER_NODE (`8` or `h100:8`)."""
+    """GPUs on each node: the argument, else SLURM_GPUS_ON_NODE, else SLURM_GPUS_PER_NODE (`8` or `h100:8`). Several
+    GPU types on a node (`h100:8,a100:4`) are refused, not summed: one training process per GPU, all of one kind."""
     if override is not None:
         return override
-    for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
-        value = env.get(key, "").strip()
-        match = re.fullmatch(r"(?:[\w-]+:)?(\d+)(?:\(.*\))?", value)
-        if match and int(match.group(1)) > 0:
+    per_node = env.get("SLURM_GPUS_PER_NODE", "").strip()
+    if "," in re.sub(r"\(.*?\)", "", per_node):  # a comma outside `(IDX:0,2)`: several types
+        raise LaunchError(f"SLURM_GPUS_PER_NODE={per_node!r} lists several GPU types: request one type per node, "
+                          f"or pass --gpus_per_node; {GPU_FORMS}")  # fmt: skip
+    for key, value in ((key, env.get(key, "").strip()) for key in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")):
+        match = re.fullmatch(r"(?:[\w.-]+:){0,2}(\d+)(?:\([^)]*\))?", value)
+        if value and (match is None or int(match.group(1)) == 0):
+            raise LaunchError(f"{key}={value!r} is not a number of GPUs > 0; {GPU_FORMS}")
+        if value:
             return int(match.group(1))
     raise LaunchError(
         "cannot tell the number of GPUs per node: SLURM_GPUS_ON_NODE and SLURM_GPUS_PER_NODE are unset (submit with "
@@ -118,6 +129,39 @@ def job_layout(env: Mapping[str, str], vllm_nodes: int = 1, gpus: int | None = N
         )
     train = nodes[: len(nodes) - vllm_nodes]
     return Layout(tuple(train), nodes[-1] if vllm_nodes else None, gpus_per_node(env, gpus))
+
+
+def _number(low: float, high: float = float("inf"), pattern: str = r"\d+") -> Callable[[str], bool]:
+    return lambda text: re.fullmatch(pattern, text) is not None and low <= float(text) <= high
+
+
+_COUNT, _PORT = ("a whole number >= 1", _number(1)), ("a port number, 1-65535", _number(1, 65535))
+_SECONDS = ("a number of seconds > 0", _number(1e-3, pattern=r"\d+(\.\d+)?"))
+#: The settings of multi_node.sbatch (environment variables; unset or empty: its default) -> (what each must be, the
+#: check). `layout` checks them all before the batch script starts anything.
+SETTINGS = {
+    "VLLM_NODES": ("0 or 1", lambda v: v in ("0", "1")),
+    "ACCELERATE_CONFIG": ("an existing file, relative to the repository root", os.path.isfile),
+    "MAIN_PROCESS_PORT": _PORT,
+    "RDZV_BACKEND": ("static or c10d", lambda v: v in ("static", "c10d")),
+    "VLLM_PORT": _PORT,
+    "VLLM_TENSOR_PARALLEL_SIZE": _COUNT,
+    "VLLM_DATA_PARALLEL_SIZE": _COUNT,
+    "VLLM_MAX_MODEL_LEN": _COUNT,
+    "VLLM_STARTUP_TIMEOUT": _SECONDS,
+    "VLLM_HEALTH_INTERVAL": _SECONDS,
+    "SLURM_CPUS_ON_NODE": _COUNT,
+}
+
+
+def check_settings(env: Mapping[str, str]) -> dict[str, str]:
+    """The settings that are set in `env`, each checked: a LaunchError names the first bad one and its value."""
+    settings = {name: env[name] for name in SETTINGS if env.get(name)}
+    for name, value in settings.items():
+        what, ok = SETTINGS[name]
+        if not ok(value):
+            raise LaunchError(f"{name}={value!r}: must be {what}")
+    return settings
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -227,7 +271,7 @@ def vllm_command(
 
 def layout_assignments(layout: Layout, vllm_port: int) -> dict[str, str]:
     """Variables the batch script evaluates: node lists for srun, sizes, the health URL."""
-    values = {
+    return {
         "TRAIN_NODES": ",".join(layout.train_nodes),
         "NUM_TRAIN_NODES": str(len(layout.train_nodes)),
         "GPUS_PER_NODE": str(layout.gpus_per_node),
@@ -237,7 +281,6 @@ def layout_assignments(layout: Layout, vllm_port: int) -> dict[str, str]:
         "VLLM_PORT": str(vllm_port),
         "VLLM_HEALTH_URL": f"http://{layout.vllm_node}:{vllm_port}/health" if layout.vllm_node else "",
     }
-    return values
 
 
 def wait_for_health(
@@ -294,29 +337,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="multi_node.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--vllm_nodes", type=int, default=1, help="nodes for the vLLM server: 1 (the last) or 0")
+    common.add_argument("--vllm_nodes", type=int, default=None, help="1 (the last node serves vLLM, default) or 0")
     common.add_argument("--gpus_per_node", type=int, default=None, help="default: from the SLURM environment")
     common.add_argument("--vllm_port", type=int, default=None, help="default: the recipe's vllm_server_port or 8000")
     common.add_argument("--recipe", help="recipe YAML, relative to the repository root")
     for name, help_text in (
-        ("layout", "print shell assignments for the batch script"),
+        ("layout", "check the batch script's settings (environment), print shell assignments for it"),
         ("vllm", "the vLLM server command"),
         ("train", "this node's accelerate command"),
     ):
         command = sub.add_parser(name, parents=[common], help=help_text)
         if name != "layout":
             command.add_argument("--exec", action="store_true", help="run the command instead of printing it")
-    sub.choices["vllm"].add_argument("--model", default=None, help="default: the recipe's model_name_or_path")
-    sub.choices["vllm"].add_argument(
-        "--tensor_parallel_size", type=int, default=None, help="default: the node's GPUs / data parallel size"
-    )
-    sub.choices["vllm"].add_argument("--data_parallel_size", type=int, default=1)
-    sub.choices["vllm"].add_argument(
-        "--max_model_len",
-        type=int,
-        default=None,
-        help=f"default: the recipe's vllm_max_model_length, else max_completion_length + {PROMPT_BUDGET}",
-    )
+    vllm = sub.choices["vllm"]
+    vllm.add_argument("--model", default=None, help="default: the recipe's model_name_or_path")
+    vllm.add_argument("--tensor_parallel_size", type=int, default=None, help="default: GPUs / data parallel size")
+    vllm.add_argument("--data_parallel_size", type=int, default=1)
+    max_len_help = f"default: the recipe's vllm_max_model_length, else max_completion_length + {PROMPT_BUDGET}"
+    vllm.add_argument("--max_model_len", type=int, default=None, help=max_len_help)
     train = sub.choices["train"]
     train.add_argument("--config_file", default=DEFAULT_ACCELERATE_CONFIG)
     train.add_argument("--main_process_port", type=int, default=DEFAULT_MAIN_PROCESS_PORT)
@@ -341,34 +379,26 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None:
         return None
     if not args.recipe:
         raise LaunchError(f"`{args.command}` needs --recipe")
+    settings = check_settings(env) if args.command == "layout" else {}  # the others get them as arguments
     fields = read_recipe(args.recipe)
-    port = args.vllm_port or int(fields.get("vllm_server_port") or DEFAULT_VLLM_PORT)
-    layout = job_layout(env, args.vllm_nodes, args.gpus_per_node)
+    port = args.vllm_port or int(settings.get("VLLM_PORT") or fields.get("vllm_server_port") or DEFAULT_VLLM_PORT)
+    vllm_nodes = int(settings.get("VLLM_NODES", 1)) if args.vllm_nodes is None else args.vllm_nodes
+    layout = job_layout(env, vllm_nodes, args.gpus_per_node)
     if args.command == "layout":
+        if layout.vllm_node is not None:  # the server's command, built as its node will (model, GPUs, sizes)
+            sizes = ("VLLM_TENSOR_PARALLEL_SIZE", "VLLM_DATA_PARALLEL_SIZE", "VLLM_MAX_MODEL_LEN")
+            tp, dp, max_len = (int(settings[k]) if k in settings else None for k in sizes)
+            vllm_command(fields, layout.gpus_per_node, tensor_parallel_size=tp, data_parallel_size=dp or 1,
+                         max_model_len=max_len)  # fmt: skip
         for key, value in layout_assignments(layout, port).items():
             print(f"{key}={shlex.quote(value)}")
         return None
     if args.command == "vllm":
-        return vllm_command(
-            fields,
-            layout.gpus_per_node,
-            model=args.model,
-            tensor_parallel_size=args.tensor_parallel_size,
-            data_parallel_size=args.data_parallel_size,
-            port=port,
-            max_model_len=args.max_model_len,
-            extra=extra,
-        )
-    return train_command(
-        env,
-        args.recipe,
-        layout=layout,
-        config_file=args.config_file,
-        main_process_port=args.main_process_port,
-        rdzv_backend=args.rdzv_backend,
-        vllm_port=port,
-        extra=extra,
-    )
+        return vllm_command(fields, layout.gpus_per_node, model=args.model, port=port, extra=extra,
+                            tensor_parallel_size=args.tensor_parallel_size,
+                            data_parallel_size=args.data_parallel_size, max_model_len=args.max_model_len)  # fmt: skip
+    return train_command(env, args.recipe, layout=layout, config_file=args.config_file, vllm_port=port, extra=extra,
+                         main_process_port=args.main_process_port, rdzv_backend=args.rdzv_backend)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

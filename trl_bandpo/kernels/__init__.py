@@ -3,12 +3,15 @@
 - `band_kl.py`: the KL Band bounds (`band_bounds(..., solver="triton")`), registered here with
   `trl_bandpo.band.register_kernel_solver`, so `band_bounds(..., solver="auto")` uses it wherever it can run.
 - `runtime.py`: where kernels can run (CUDA, or CPU under `TRITON_INTERPRET=1`).
+- `self_check.py`: the KL kernel's one-time check against the torch solver on each device, and the
+  `TRL_BANDPO_KL_KERNEL` switch (auto / trust / off): where the kernel disagrees, "auto" uses the torch solver.
 """
 
 from __future__ import annotations
 
 from ..band import KernelSolver, register_kernel_solver
 from .runtime import interpreter_enabled, triton_unavailable_reason
+from .self_check import kl_kernel_unavailable_reason
 
 __all__ = ["band_bounds_kl_triton", "interpreter_enabled", "triton_unavailable_reason"]
 
@@ -23,5 +26,5 @@ def band_bounds_kl_triton(old_logps, radius, *, upper_max=None, relax=None):
 
 register_kernel_solver(
     "triton",
-    KernelSolver(divergences=("kl",), unavailable_reason=triton_unavailable_reason, bounds=band_bounds_kl_triton),
+    KernelSolver(divergences=("kl",), unavailable_reason=kl_kernel_unavailable_reason, bounds=band_bounds_kl_triton),
 )
