@@ -1,10 +1,13 @@
 r"""The DAPO / Minerva scorer (verl's ``math_dapo`` rule): each normalisation rule, the window, and the reward."""
 
+import logging
 import pickle
+import time
 
 import pytest
 
 from trl_bandpo.dapo_scorer import (
+    MAX_GOLD_CHARS,
     REMOVED_EXPRESSIONS,
     SUBSTITUTIONS,
     WINDOW_CHARS,
@@ -250,6 +253,41 @@ def test_gold_variants():
 
 def test_missing_answer_is_wrong_even_for_invalid_gold():
     assert not dapo_correct("no answer line", "[INVALID]")  # math_dapo would score this correct
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Time: linear normalisation, a cap on the gold answer (issue 18)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("1" * 60_000, "1" * 60_000),  # no $: the first-$-span rule tried every start position (25 s)
+        ("1$" + "1" * 60_000, "1" * 60_001),  # one $ on the line: no span, the $ is deleted
+        ("\\text{" * 5_000, "\\text{" * 5_000),  # never closed: nothing to unwrap
+        ("\\boxed{" * 5_000, "\\boxed{" * 5_000),
+        ("\\overline{" * 5_000 + "\nx}", "\\overline{" * 5_000 + "\nx}"),  # the } is on another line
+        ("a$b$c\nd$e$f", "b\ne"),  # the first span of each line
+    ],
+)
+def test_normalisation_takes_linear_time(raw, expected):
+    started = time.monotonic()
+    assert normalize_final_answer(raw) == expected
+    assert time.monotonic() - started < 5.0
+
+
+def test_a_gold_answer_over_the_cap_scores_wrong_without_work(caplog):
+    started = time.monotonic()
+    assert not dapo_correct("Answer: 4", "1" * 60_000)
+    assert time.monotonic() - started < 5.0
+    assert dapo_correct("Answer: 4", " " * 100 + "4")
+    assert not dapo_correct("Answer: 4", " " * MAX_GOLD_CHARS + "4")  # would normalise to "4", but is not read
+    assert dapo_correct("Answer: 4", [" " * MAX_GOLD_CHARS + "4", "4"])
+    with caplog.at_level(logging.WARNING, logger="trl_bandpo.dapo_scorer"):
+        flags = score_dapo_completions(["Answer: 4", "Answer: 4"], ["4", "1" * 10_000_000])
+    assert flags == [True, False]
+    assert any("1 of 2 rows have a gold answer longer" in record.getMessage() for record in caplog.records)
 
 
 def test_score_dapo_completions_checks_lengths():

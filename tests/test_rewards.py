@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from trl_bandpo.answers import MAX_GOLD_CHARS, gold_alternatives
 from trl_bandpo.rewards import (
     MAX_ANSWER_CHARS,
     MAX_BRACE_DEPTH,
@@ -252,3 +253,85 @@ def test_waiting_for_a_slow_answer_does_not_spin():
     assert flags == [False, True]
     assert time.monotonic() - wall_before >= 1.0  # it did wait for the hostile answer's deadline
     assert time.process_time() - cpu_before < 0.5
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Wrong answers never score right (issue 18): nested boxes, false equations, oversized ground truths
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"so \boxed{\boxed{2}+1}", r"\boxed{2}+1"),  # the outer box is the last one, not the inner
+        (r"\boxed{1}, then \fbox{\boxed{2}+1}.", r"\boxed{2}+1"),
+        (r"\boxed{\boxed{2}+1} and finally \boxed{5}", "5"),
+        (r"\boxed{\boxed{7}}", r"\boxed{7}"),
+        (r"\boxed{5} \boxed{\boxed{2}", None),  # the last outer box never closes: no answer (not the inner 2)
+    ],
+)
+def test_nested_boxes_are_read_from_the_outermost_last_box(text, expected):
+    assert extract_boxed_answer(text) == expected
+
+
+def test_a_box_inside_the_answer_is_unwrapped_before_comparing():
+    completions = [r"\boxed{\boxed{2}+1}", r"\boxed{\boxed{2}+1}", r"\boxed{\boxed{7}}", r"\boxed{\boxed{7}}"]
+    assert score_completions(completions, ["3", "2", "7", "8"]) == [True, False, True, False]
+    assert gold_alternatives(r"so the answer is $\boxed{\boxed{2}+1}$") == ["{2}+1"]
+
+
+@pytest.mark.parametrize(
+    "gold, answer, expected",
+    [
+        ("3", "2=3", False),  # math_verify alone reads the right-hand side, 3
+        ("3", "2 = 3", False),
+        ("3", "x = 2 = 3", False),
+        ("3", r"\frac{1}{0} = 3", False),
+        ("3", r"\pi = 3", False),
+        ("3", "x = 3", True),  # a variable on the left: the value is the right-hand side
+        ("3", "a_n = 3", True),
+        ("3", "f(2) = 3", True),  # an unknown function is not a number
+        ("3", "1+2=3", True),  # both sides equal
+        ("3", r"\frac{6}{2} = 3", True),
+    ],
+)
+def test_an_equation_between_different_numbers_is_wrong(gold, answer, expected):
+    assert is_equivalent(gold, answer) is expected
+
+
+def test_an_oversized_ground_truth_scores_wrong_without_work():
+    assert gold_alternatives(" " * 100 + "7") == ["7"]
+    assert gold_alternatives(" " * MAX_GOLD_CHARS + "7") == []  # over the cap: no gold answer at all
+    assert gold_alternatives([" " * MAX_GOLD_CHARS + "7", "8"]) == ["8"]
+    huge = "1" * 10_000_000
+    started = time.monotonic()
+    assert score_completions([r"\boxed{7}", r"\boxed{1}", r"\boxed{8}"], [huge, huge, [huge, "8"]]) == [
+        False,
+        False,
+        True,
+    ]
+    assert time.monotonic() - started < 5.0  # 22 s when the 10 MB gold was normalised
+
+
+def test_the_call_budget_counts_the_time_spent_reading_answers(monkeypatch, caplog):
+    import trl_bandpo.rewards as rewards
+
+    budgets = []
+
+    def fake_verify_pairs(pairs, timeout_s, num_workers, call_timeout_s):
+        budgets.append(call_timeout_s)
+        return [False] * len(pairs)
+
+    def slow_gold_alternatives(solution):
+        time.sleep(0.3)
+        return gold_alternatives(solution)
+
+    monkeypatch.setattr(rewards, "verify_pairs", fake_verify_pairs)
+    monkeypatch.setattr(rewards, "gold_alternatives", slow_gold_alternatives)
+    assert score_completions([r"\boxed{x}"], ["y"], call_timeout_s=10.0) == [False]
+    assert len(budgets) == 1 and budgets[0] <= 10.0 - 0.3  # what is left of the budget, not all of it
+    budgets.clear()
+    with caplog.at_level("WARNING", logger="trl_bandpo.rewards"):
+        assert score_completions([r"\boxed{x}"], ["y"], call_timeout_s=0.1) == [False]
+    assert budgets == []  # spent before any verification: nothing is verified
+    assert any("1 of 1 answers were not verified" in record.getMessage() for record in caplog.records)

@@ -209,6 +209,9 @@ RULES = {
         ("(0, 1)", "(0,1)", True), ("[0,1)", "[0, 1)", True), ("[0,1)", "(0,1)", False), ("(0,1)", "[0,1)", False),
         ("(-\\infty, 3) \\cup (4, \\infty)", "(-\\infty,3)\\cup(4,\\infty)", True), ("(1,2)", "(2,1)", False),
         ("Interval.Ropen(0, 1)", "[0, 1)", True), ("x \\in [1,2]", "[1,2]", False),
+        # different brackets are different intervals, also where dropping the brackets makes the texts equal
+        ("[1,2]", "[1,2)", False), ("[1,2)", "[1,2]", False), ("(1,2)", "(1,2]", False), ("(1,2]", "[1,2]", False),
+        ("(-\\infty,2)", "(-\\infty,2]", False), ("(-\\infty,2]", "(-\\infty,2)", False), ("[1,2]", "1,2", True),
     ],
     "multiple answers": [
         ("2, 3", "2,3", True), ("2, 3", "3, 2", False), ("\\{1,2\\}", "\\{2,1\\}", False), ("2 and 3", "2, 3", False),
@@ -232,6 +235,22 @@ RULES = {
         ("1010_2", "1010", True), ("1010_2", "10", False), ("x_1", "3", False),
         ("Matrix([[1], [2]])", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", True),
         ("[1, 2]", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", False),
+        # a bmatrix is the same matrix as a pmatrix
+        ("\\begin{bmatrix} 1 \\\\ 2 \\end{bmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", True),
+        ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\begin{bmatrix} 1 \\\\ 2 \\end{bmatrix}", True),
+        ("\\begin{bmatrix} 1 \\\\ 3 \\end{bmatrix}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", False),
+        ("Matrix([[1], [2]])", "\\begin{bmatrix} 1 \\\\ 2 \\end{bmatrix}", True),
+        ("\\begin{vmatrix} 1 \\end{vmatrix}", "\\begin{pmatrix} 1 \\end{pmatrix}", False),  # a determinant
+    ],
+    # Integers compare exactly, at any size (as floats, different ones beyond 1e308 or 2**53 looked equal).
+    "large integers": [
+        ("1" * 400, "1" * 399 + "2", False), ("1" * 400, "1" * 400, True), ("1" * 400 + ".0", "1" * 400, True),
+        ("1" + "0" * 4999 + "1", "1" + "0" * 5000, False),  # 10**5000 + 1 and 10**5000
+        ("1" * 300, "1" * 299 + "2", False), ("12345678901234567", "12345678901234568", False),
+        ("123457", "123456", False), ("1000000001", "1000000000", False), ("5000", "50", True),
+        ("1" * 300 + "_2", "1" * 299 + "2_2", False),  # base subscripts: the digits compared exactly
+        ("1e9999999999999999999", "2e9999999999999999999", False),  # beyond any float or Decimal: not both "inf"
+        ("inf", "inf", True),
     ],
     # A lenient checker (math_verify, a CAS) accepts these; prime_math does not.
     "lenient checkers accept, prime_math rejects": [
@@ -243,9 +262,17 @@ RULES = {
 }  # fmt: skip
 
 
+def _short(text: str) -> str:
+    return text if len(text) <= 40 else f"{text[:16]}...{text[-8:]} ({len(text)} chars)"
+
+
 @pytest.mark.parametrize(
     "given, gold, expected",
-    [pytest.param(*case, id=f"{rule}: {case[0]} vs {case[1]}") for rule, cases in RULES.items() for case in cases],
+    [
+        pytest.param(*case, id=f"{rule}: {_short(case[0])} vs {_short(case[1])}")
+        for rule, cases in RULES.items()
+        for case in cases
+    ],
 )
 def test_grade_answer_rules(given, gold, expected):
     assert grade_answer(given, gold) is expected
@@ -272,10 +299,24 @@ def test_worker_and_in_process_verdicts_agree():
         (r"\boxed{\text{this is } 7}", "} 7"),  # after the last "is ", braces or not
         (r"\boxed{a. b}", "a"),  # the text before the last ". "
         (r"\boxed{ \frac{1}{2} }", r"\frac{1}{2}"),
-        (r"\boxed{}", None),
-        ("no box: 5", None),
+        (r"\boxed{}", None),  # an empty box: no answer
+        (r"so x = \boxed{3", None),  # a box that never closes (a cut-off completion): no answer
         (None, None),
+        ("", None),
         ([{"role": "assistant", "content": r"\boxed{3}"}], "3"),
+        # nested boxes: the outermost last box, its inner box commands dropped
+        (r"\boxed{\boxed{2}+1}", "{2}+1"),
+        (r"\boxed{\boxed{7}}", "{7}"),
+        # without a box: the text after the last "answer:"/"answer is"/"answers are", cut as a box's content is
+        ("no box: 5", "5"),
+        ("The answer is 12.", "12."),
+        ("The final answer is $\\frac{1}{2}$.", "$\\frac{1}{2}$."),
+        ("It is 5", "5"),
+        ("The answer is", None),
+        # the cuts come before the box: a box only counts after the last "answer is", before "is the answer"
+        (r"\boxed{3}. So the answer is 4.", "4."),
+        (r"The answer is \boxed{5}.", "5"),
+        (r"I think \boxed{3} is the answer, not \boxed{4}", "3"),
     ],
 )
 def test_extract_answer(completion, expected):
@@ -287,7 +328,16 @@ def test_strict_score():
     assert not strict_score(r"Thus $\boxed{\dfrac{2}{4}}$.", r"\frac{1}{2}")
     assert strict_score([{"role": "assistant", "content": r"\boxed{12}"}], 12)  # numbers as gold
     assert strict_score(r"\boxed{12}", ["11", "12"])  # alternatives
-    assert not strict_score("The answer is 12.", "12")  # no box: wrong
+    assert strict_score("The answer is 12.", "12")  # no box: the text after "answer is", "12." reads as 12
+    assert strict_score("The final answer is $12$.", "12")
+    assert not strict_score(r"The final answer is $\frac{1}{2}$.", r"\frac{1}{2}")  # "1/2." is not 1/2
+    assert strict_score(r"\boxed{3}. So the answer is 4.", "4") and not strict_score(
+        r"\boxed{3}. So the answer is 4.", "3"
+    )
+    assert not strict_score("I do not know", "5")
+    assert not strict_score(r"\boxed{\boxed{2}+1}", "2")  # the inner box is not the answer
+    assert strict_score(r"\boxed{\boxed{2}+1}", "2+1")
+    assert strict_score(r"\boxed{\boxed{\frac{1}{2}}}", "0.5")
     assert not strict_score(r"\boxed{12}", None)
     assert strict_scores([r"\boxed{1}", r"\boxed{2}"], ["1", "1"]) == [True, False]
     with pytest.raises(ValueError):

@@ -4,14 +4,15 @@ Pure Python, linear time, no `math_verify`: what the rewards (`trl_bandpo.reward
 (`trl_bandpo.data`) need before any symbolic comparison.
 
 * `completion_text` and `extract_boxed_answer` read the answer: the argument of the *last* ``\boxed{...}``
-  (or ``\fbox{...}``, or ``\boxed 42``) of a completion.
+  (or ``\fbox{...}``, or ``\boxed 42``) of a completion that is not itself inside a box; `unwrap_boxes` drops the
+  box commands left inside it (``\boxed{\boxed{2}+1}`` is the answer ``{2}+1``, i.e. 3, never 2).
 * `is_admissible` rejects answers not worth verifying: empty, longer than `MAX_ANSWER_CHARS`, or nested deeper
   than `MAX_BRACE_DEPTH` braces.
 * `canonical_text` is a conservative LaTeX normal form (``$``, ``\dfrac``, ``\left``/``\right``, whitespace next to
   operators and brackets, leading zeros and sign of integers): answers with equal normal forms are equal for
   `math_verify` too, so they are accepted without any sympy work.
 * `gold_alternatives` turns a ground truth (string, number, list of alternatives, worked solution) into LaTeX
-  strings.
+  strings; a ground-truth string longer than `MAX_GOLD_CHARS` is not read (no answer can match it).
 """
 
 from __future__ import annotations
@@ -25,20 +26,26 @@ from typing import Any
 __all__ = [
     "MAX_ANSWER_CHARS",
     "MAX_BRACE_DEPTH",
+    "MAX_GOLD_CHARS",
     "MAX_GOLD_DIGITS",
     "brace_depth",
     "canonical_text",
     "completion_text",
+    "contains_box",
     "extract_boxed_answer",
     "gold_alternatives",
     "is_admissible",
+    "is_oversized_gold",
+    "unwrap_boxes",
 ]
 
 MAX_ANSWER_CHARS = 1000  # longest boxed answer we try to verify (real answers are well under 300 characters)
 MAX_BRACE_DEPTH = 16  # deepest brace nesting we try to verify (\frac{\sqrt{..}}{..} is depth 2)
 MAX_GOLD_DIGITS = 20_000  # longest integer ground truth we write out (a longer one has no usable gold answer)
+MAX_GOLD_CHARS = 20_000  # longest ground-truth string we read (a longer one is not read: every answer is wrong)
 
 _BOX_COMMAND = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
+_BARE_ARGUMENT = re.compile(r"[^\s$]*")  # the argument of "\boxed 42"
 
 
 def completion_text(completion: Any) -> str:
@@ -81,30 +88,52 @@ def _braced_argument(text: str, open_pos: int) -> str | None:
     return None
 
 
+def contains_box(text: str) -> bool:
+    r"""Whether `text` has a ``\boxed`` or ``\fbox`` command (closed, empty or not)."""
+    return _BOX_COMMAND.search(text) is not None
+
+
 def extract_boxed_answer(text: Any) -> str | None:
-    r"""The argument of the last ``\boxed``/``\fbox`` in ``text``, or None when there is none or it is malformed.
+    r"""The argument of the last outermost ``\boxed``/``\fbox`` in ``text``; None without one, or for a malformed one.
 
     Handles nested braces (``\boxed{\frac{1}{2}}`` -> ``\frac{1}{2}``), escaped braces, and the brace-less form
-    ``\boxed 42`` (argument up to the next whitespace or ``$``). A last box that never closes (a truncated
-    completion) gives None: the answer is incomplete, earlier boxes are not used instead.
+    ``\boxed 42`` (argument up to the next whitespace or ``$``). A box inside a box is part of the outer box's
+    argument: ``\boxed{\boxed{2}+1}`` gives ``\boxed{2}+1`` (see `unwrap_boxes`), not ``2``. A last box that never
+    closes (a truncated completion) gives None: the answer is incomplete, earlier boxes are not used instead.
+    Linear time: each box is scanned once, and the search goes on after its end.
     """
     if not isinstance(text, str):
         return None
-    last = None
-    for match in _BOX_COMMAND.finditer(text):
-        last = match
-    if last is None:
-        return None
-    pos = last.end()
+    answer = None
+    pos = 0
     n = len(text)
-    while pos < n and text[pos] in " \t":
-        pos += 1
-    if pos < n and text[pos] == "{":
-        return _braced_argument(text, pos)
-    if pos > last.end():  # "\boxed 42": the command takes one space-delimited token
-        token = re.match(r"[^\s$]+", text[pos : pos + MAX_ANSWER_CHARS + 1])
-        return token.group(0) if token else None
-    return None
+    while True:
+        command = _BOX_COMMAND.search(text, pos)
+        if command is None:
+            return answer
+        pos = command.end()
+        while pos < n and text[pos] in " \t":
+            pos += 1
+        if pos < n and text[pos] == "{":
+            answer = _braced_argument(text, pos)
+            if answer is None:  # never closes: everything after it is inside this unfinished box
+                return None
+            pos += len(answer) + 2
+        elif pos > command.end():  # "\boxed 42": the command takes one space-delimited token
+            token = _BARE_ARGUMENT.match(text, pos).group(0)
+            answer = token or None
+            pos += len(token)
+        else:
+            answer = None  # "\boxed" followed by anything else: no argument
+
+
+def unwrap_boxes(answer: str) -> str:
+    r"""`answer` without the ``\boxed``/``\fbox`` commands inside it: ``\boxed{2}+1`` -> ``{2}+1``.
+
+    A box inside the answer is a wrapper, not a value: the command goes and its argument stays, as a brace group (a
+    group does not change what `math_verify` or the strict grader read: ``{2}+1`` is 3, ``{a+b}^2`` stays a square).
+    """
+    return re.sub(r"\\(?:boxed|fbox)(?![A-Za-z])[ \t]*", "", answer) if "box" in answer else answer
 
 
 def brace_depth(text: str) -> int:
@@ -200,10 +229,12 @@ def _tokens(text: str) -> list[str]:
 def gold_alternatives(solution: Any) -> list[str]:
     r"""Ground-truth answer(s) as LaTeX strings: numbers are formatted, lists are alternatives, ``$`` are dropped.
 
-    A gold answer that contains ``\boxed{..}`` (a full worked solution) is reduced to its last boxed argument.
-    Integers are written out exactly in decimal, also beyond Python's limit on integer-to-string conversion (4300
-    digits), up to `MAX_GOLD_DIGITS` digits; a longer integer, a non-finite float or any other type gives no
-    alternative (every answer to it scores wrong).
+    A gold answer that contains ``\boxed{..}`` (a full worked solution) is reduced to its last boxed argument (box
+    commands inside it dropped, see `unwrap_boxes`). Integers are written out exactly in decimal, also beyond Python's
+    limit on integer-to-string conversion (4300 digits), up to `MAX_GOLD_DIGITS` digits; a longer integer, a string
+    longer than `MAX_GOLD_CHARS` characters (not read at all: reading it would cost time in proportion to its
+    length, and no admissible answer is that long), a non-finite float or any other type gives no alternative
+    (every answer to it scores wrong).
     """
     if solution is None or isinstance(solution, bool):
         return []
@@ -216,15 +247,22 @@ def gold_alternatives(solution: Any) -> list[str]:
     elif isinstance(solution, numbers.Integral):  # int, numpy integers
         text = _integer_text(int(solution))
     elif isinstance(solution, str):
-        text = solution
+        text = solution if len(solution) <= MAX_GOLD_CHARS else None
     else:
         return []
     if text is None:
         return []
     if _BOX_COMMAND.search(text):
-        text = extract_boxed_answer(text) or ""
+        text = unwrap_boxes(extract_boxed_answer(text) or "")
     text = re.sub(r"(?<!\\)\$", "", text).strip()
     return [text] if text else []
+
+
+def is_oversized_gold(solution: Any) -> bool:
+    """Whether `solution` (or one of its alternatives) is a string that `gold_alternatives` does not read."""
+    if isinstance(solution, str):
+        return len(solution) > MAX_GOLD_CHARS
+    return isinstance(solution, (list, tuple)) and any(is_oversized_gold(item) for item in solution)
 
 
 def _integer_text(value: int) -> str | None:

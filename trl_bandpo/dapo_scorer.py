@@ -39,23 +39,28 @@ Surprising cases that we reproduce on purpose, because they are what the policy 
   ``\dfrac12`` -> ``\dfrac{1}{2}``, ``\sqrt[3]{8}`` -> ``\sqrt{[}3]{8}``), on both sides alike;
 * `str.isdigit` accepts Unicode digits such as ``²``, so ``1,²`` loses its comma as in ``math_dapo``.
 
-One deliberate difference: ``math_dapo`` scores a completion without any ``Answer:`` line as if it had answered
+Deliberate differences: ``math_dapo`` scores a completion without any ``Answer:`` line as if it had answered
 ``[INVALID]``, which would be correct for a gold answer that normalises to ``[INVALID]``; here a missing answer is
-always wrong. Gold answers that are not strings (numbers, lists of acceptable alternatives) are accepted too:
+always wrong. A gold string longer than `MAX_GOLD_CHARS` (20,000) characters is not read: every answer to it is
+wrong (`score_dapo_completions` warns), where ``math_dapo`` would normalise it (its ``$``-span rule takes time
+quadratic in the length of a line: 25 s for 60,000 digits; ours is linear). Real gold answers are a few hundred
+characters at most. Gold answers that are not strings (numbers, lists of acceptable alternatives) are accepted too:
 numbers are written out as in `trl_bandpo.answers.gold_alternatives`, and a list is correct when any of its items
 is; ``math_dapo`` receives strings only.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from .answers import completion_text, gold_alternatives
+from .answers import MAX_GOLD_CHARS, completion_text, gold_alternatives, is_oversized_gold
 
 __all__ = [
     "ANSWER_PATTERN",
+    "MAX_GOLD_CHARS",
     "REMOVED_EXPRESSIONS",
     "SUBSTITUTIONS",
     "WINDOW_CHARS",
@@ -64,6 +69,8 @@ __all__ = [
     "normalize_final_answer",
     "score_dapo_completions",
 ]
+
+_LOGGER = logging.getLogger(__name__)
 
 WINDOW_CHARS = 300  # only the tail of a completion is read (``math_dapo``: the longest MATH-500 answer is 159 chars)
 ANSWER_PATTERN = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
@@ -127,29 +134,56 @@ REMOVED_EXPRESSIONS: tuple[str, ...] = (
     "\\dots",
 )
 
-# (pattern, replacement) applied in order after the two lists. `.` never matches a newline here, as in the source.
-_REWRITES: tuple[tuple[re.Pattern, str], ...] = (
-    (re.compile(r".*?\$(.*?)\$.*"), r"$\1$"),  # keep the first $...$ span of each line
-    (re.compile(r"\\text\{(.*?)\}"), r"\1"),
-    (re.compile(r"\\textbf\{(.*?)\}"), r"\1"),
-    (re.compile(r"\\overline\{(.*?)\}"), r"\1"),
-    (re.compile(r"\\boxed\{(.*)\}"), r"\1"),  # greedy: up to the last closing brace of the line
+# (pattern, replacement) applied in order after the two lists, line by line (`.` never matches a newline, as in the
+# source, so none of them reaches across lines); `_rewrite_line` applies them in linear time.
+_UNWRAPS: tuple[tuple[str, re.Pattern], ...] = (
+    ("\\text{", re.compile(r"\\text\{(.*?)\}")),
+    ("\\textbf{", re.compile(r"\\textbf\{(.*?)\}")),
+    ("\\overline{", re.compile(r"\\overline\{(.*?)\}")),
+    ("\\boxed{", re.compile(r"\\boxed\{(.*)\}")),  # greedy: up to the last closing brace of the line
+)
+_SHORTHANDS: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"frac([^{])(.)"), r"frac{\1}{\2}"),
     (re.compile(r"sqrt([^{])"), r"sqrt{\1}"),
 )
 
 
+def _first_dollar_span(line: str) -> str:
+    """A line with two ``$`` reduced to ``$`` + the text between the first two + ``$`` (the source's
+    ``.*?\\$(.*?)\\$.*`` substitution, which costs time quadratic in the length of a line with fewer ``$``)."""
+    first = line.find("$")
+    second = line.find("$", first + 1) if first >= 0 else -1
+    return line if second < 0 else "$" + line[first + 1 : second] + "$"
+
+
+def _unwrap(line: str, prefix: str, pattern: re.Pattern) -> str:
+    """``pattern.sub(r"\\1", line)`` in linear time: no match can end after the line's last ``}``, so the regex only
+    sees the text up to it (a start with no ``}`` after it would scan the rest of the line, for every start)."""
+    if prefix not in line:
+        return line
+    end = line.rfind("}") + 1
+    return pattern.sub(r"\1", line[:end]) + line[end:]
+
+
+def _rewrite_line(line: str) -> str:
+    line = _first_dollar_span(line)
+    for prefix, pattern in _UNWRAPS:
+        line = _unwrap(line, prefix, pattern)
+    return line
+
+
 def normalize_final_answer(answer: str) -> str:
     r"""The Minerva normal form of a final answer, exactly as verl's ``math_dapo`` computes it (see the module).
 
-    Example: ``normalize_final_answer(r"x = \$1,000 dollars")`` is ``"1000"``.
+    Linear time in the length of `answer`. Example: ``normalize_final_answer(r"x = \$1,000 dollars")`` is ``"1000"``.
     """
     text = answer.split("=")[-1]
     for before, after in SUBSTITUTIONS:
         text = text.replace(before, after)
     for expression in REMOVED_EXPRESSIONS:
         text = text.replace(expression, "")
-    for pattern, replacement in _REWRITES:
+    text = "\n".join(_rewrite_line(line) for line in text.split("\n"))
+    for pattern, replacement in _SHORTHANDS:
         text = pattern.sub(replacement, text)
     text = text.replace("$", "")
     if text.replace(",", "").isdigit():
@@ -166,9 +200,10 @@ def extract_dapo_answer(text: str) -> str | None:
 
 
 def _gold_strings(solution: Any) -> list[str]:
-    """Gold answers as strings: a string as it is (normalisation handles ``$`` and boxes), numbers written out."""
+    """Gold answers as strings: a string as it is (normalisation handles ``$`` and boxes), numbers written out; a
+    string longer than `MAX_GOLD_CHARS` is left out (not read: every answer to it is wrong)."""
     if isinstance(solution, str):
-        return [solution]
+        return [solution] if len(solution) <= MAX_GOLD_CHARS else []
     if isinstance(solution, (list, tuple)):
         return [gold for item in solution for gold in _gold_strings(item)]
     return gold_alternatives(solution)
@@ -182,7 +217,8 @@ def dapo_correct(completion: Any, solution: Any) -> bool:
         solution: the gold answer: a string, a number, or a list of acceptable alternatives.
 
     Returns:
-        True when the normalised ``Answer:`` text equals a normalised gold answer. Never raises on bad input.
+        True when the normalised ``Answer:`` text equals a normalised gold answer. Never raises on bad input. A gold
+        string longer than `MAX_GOLD_CHARS` characters is not read, so no answer matches it.
     """
     try:
         answer = extract_dapo_answer(completion_text(completion))
@@ -195,9 +231,21 @@ def dapo_correct(completion: Any, solution: Any) -> bool:
 
 
 def score_dapo_completions(completions: Sequence[Any], solutions: Sequence[Any]) -> list[bool]:
-    """`dapo_correct` of each (completion, solution) pair; the two sequences must have the same length."""
+    """`dapo_correct` of each (completion, solution) pair; the two sequences must have the same length.
+
+    A warning says how many rows have a gold string longer than `MAX_GOLD_CHARS` characters (not read).
+    """
     if len(completions) != len(solutions):
         raise ValueError(
             f"completions and solutions must have the same length, got {len(completions)} and {len(solutions)}"
+        )
+    oversized = sum(is_oversized_gold(solution) for solution in solutions)
+    if oversized:
+        _LOGGER.warning(
+            "dapo reward: %d of %d rows have a gold answer longer than %d characters, which is not read (their "
+            "completions score wrong unless another alternative matches)",
+            oversized,
+            len(solutions),
+            MAX_GOLD_CHARS,
         )
     return [dapo_correct(c, s) for c, s in zip(completions, solutions)]

@@ -1,22 +1,27 @@
 r"""Verifiable math rewards: `math_verify` on the last ``\boxed{...}`` answer of a completion.
 
-The reward reads the *last* ``\boxed{...}`` (or ``\fbox{...}``, or ``\boxed 42``) of a completion, compares it
-with the dataset's ground-truth answer (column ``solution``) using `math_verify`, and returns one score per
-completion: +1/-1 for DGPO (`boxed_signed_reward`), 1/0 for accuracy (`boxed_accuracy_reward`), or any pair from
-the `math_verify_reward` factory.
+The reward reads the *last* ``\boxed{...}`` (or ``\fbox{...}``, or ``\boxed 42``) of a completion (the outermost
+one: ``\boxed{\boxed{2}+1}`` answers ``{2}+1``, i.e. 3), compares it with the dataset's ground-truth answer (column
+``solution``) using `math_verify`, and returns one score per completion: +1/-1 for DGPO (`boxed_signed_reward`),
+1/0 for accuracy (`boxed_accuracy_reward`), or any pair from the `math_verify_reward` factory.
 
 `score_completions` settles what it can cheaply (`trl_bandpo.answers`) before anything reaches `math_verify`:
 
-* answers longer than `MAX_ANSWER_CHARS` or nested deeper than `MAX_BRACE_DEPTH` braces score wrong at once,
+* answers longer than `MAX_ANSWER_CHARS` or nested deeper than `MAX_BRACE_DEPTH` braces score wrong at once, and
+  so do answers to a ground-truth string longer than `MAX_GOLD_CHARS` (not read; a warning says how many rows),
 * a pure-string check (after a conservative LaTeX normal form, `canonical_text`: ``$``, ``\dfrac``, ``\left``,
   whitespace next to operators, leading zeros of integers) accepts identical answers without any sympy work; it
   never accepts what `math_verify` would reject (a false positive teaches the policy to produce it),
 * the rest goes to `trl_bandpo.verifier`, which runs `math_verify` in worker processes with a wall-clock bound per
   answer (from any thread, without signals) and caches verdicts per (gold, answer) pair.
 
-Time is bounded per answer (``timeout_s``) and per call (``call_timeout_s``, default `default_call_timeout`): once
-a call's budget is spent, the answers not yet verified score wrong (a warning says how many), and an answer that
-timed out once is not verified again in that call against another gold.
+Time is bounded per answer (``timeout_s``) and per call (``call_timeout_s``, default `default_call_timeout`,
+counted from the start of the call, reading the answers included): once a call's budget is spent, the answers not
+yet verified score wrong (a warning says how many), and an answer that timed out once is not verified again in that
+call against another gold.
+
+An equation is not the value of its right-hand side when its two sides are different numbers: ``\boxed{2=3}`` is
+wrong for the gold ``3`` (`math_verify` alone reads the right-hand side), while ``x = 3`` and ``1+2=3`` stay right.
 
 Nothing here executes model output: answers are only handed to `math_verify.parse` with the LaTeX extractor.
 
@@ -29,17 +34,21 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from .answers import (
     MAX_ANSWER_CHARS,
     MAX_BRACE_DEPTH,
+    MAX_GOLD_CHARS,
     canonical_text,
     completion_text,
     extract_boxed_answer,
     gold_alternatives,
     is_admissible,
+    is_oversized_gold,
+    unwrap_boxes,
 )
 from .dapo_scorer import score_dapo_completions
 from .verifier import DEFAULT_NUM_WORKERS, verify_pairs
@@ -123,15 +132,17 @@ def score_completions(
         timeout_s: wall-clock limit per verified answer; an answer that exceeds it is wrong, and it is not verified
             again in this call against another gold.
         num_workers: verifier processes used in parallel (default `DEFAULT_NUM_WORKERS`).
-        call_timeout_s: wall-clock budget of the whole call, counted from the first ready verifier process (default
-            `default_call_timeout` of the distinct (gold, answer) pairs the string check leaves to `math_verify`;
-            ``math.inf`` for none). When it runs out, every answer not yet verified is wrong, a warning says how
-            many, and the call returns promptly.
+        call_timeout_s: wall-clock budget of the whole call (default `default_call_timeout` of the distinct (gold,
+            answer) pairs the string check leaves to `math_verify`; ``math.inf`` for none). It counts from the start
+            of the call, reading the answers and ground truths included; only the wait for a verifier process to
+            start is not counted. When it runs out, every answer not yet verified is wrong, a warning says how many,
+            and the call returns promptly.
 
     Returns:
         N booleans. Never raises on bad answers or ground truths: missing, malformed, oversized, unverifiable or too
         slow answers are False.
     """
+    started = time.monotonic()
     timeout_s = _check_timeout(timeout_s)
     num_workers = _check_num_workers(num_workers)
     call_timeout_s = _check_call_timeout(call_timeout_s)
@@ -141,24 +152,46 @@ def score_completions(
         )
     flags = [False] * len(completions)
     pending: list[tuple[int, list[tuple[str, str]]]] = []  # (row, [(gold, answer) for each gold alternative])
+    golds_of: dict[str, list[tuple[str, str]]] = {}  # per string ground truth: [(gold, its canonical_text)]
+    oversized = 0
     for row, (completion, solution) in enumerate(zip(completions, solutions, strict=True)):
         try:
             answer = extract_boxed_answer(completion_text(completion))
-            golds = gold_alternatives(solution)
+            if is_oversized_gold(solution):
+                oversized += 1
+            cached = isinstance(solution, str) and len(solution) <= MAX_GOLD_CHARS
+            if cached and solution in golds_of:  # the completions of a group share their gold: read it once
+                golds = golds_of[solution]
+            else:
+                golds = [(gold, canonical_text(gold)) for gold in gold_alternatives(solution)]
+                if cached:
+                    golds_of[solution] = golds
             if not golds or not is_admissible(answer):
                 continue
-            answer = answer.strip()
+            answer = unwrap_boxes(answer.strip())
             canonical = canonical_text(answer)
-            if any(canonical_text(gold) == canonical for gold in golds):
+            if any(gold_canonical == canonical for _, gold_canonical in golds):
                 flags[row] = True
             else:
-                pending.append((row, [(gold, answer) for gold in golds]))
+                pending.append((row, [(gold, answer) for gold, _ in golds]))
         except Exception:  # noqa: BLE001 - an unreadable completion or ground truth scores wrong
             _LOGGER.debug("row %d could not be read; it scores wrong", row, exc_info=True)
+    if oversized:
+        _LOGGER.warning(
+            "math_verify reward: %d of %d rows have a ground truth longer than %d characters, which is not read "
+            "(their answers score wrong unless another alternative matches)",
+            oversized,
+            len(flags),
+            MAX_GOLD_CHARS,
+        )
     all_pairs = [pair for _, pairs in pending for pair in pairs]
     if call_timeout_s is None:
         call_timeout_s = default_call_timeout(timeout_s, num_workers, len(set(all_pairs)))
-    verdicts = verify_pairs(all_pairs, timeout_s, num_workers, call_timeout_s)
+    left_s = call_timeout_s - (time.monotonic() - started)  # reading the answers counts against the budget
+    if all_pairs and left_s > 0:
+        verdicts = verify_pairs(all_pairs, timeout_s, num_workers, left_s)
+    else:  # nothing to verify, or the budget went on reading: nothing is verified
+        verdicts = [None] * len(all_pairs)
     start, cut_off = 0, 0
     for row, pairs in pending:  # each row takes the verdicts of its gold alternatives, in order
         row_verdicts = verdicts[start : start + len(pairs)]

@@ -57,7 +57,11 @@ def _parse_answer(latex: str, timeout_s: int | None) -> list:
 
 
 def _math_verify_equal(gold: str, answer: str, timeout_s: int | None = None) -> bool:
-    """Whether `answer` is mathematically equal to `gold` according to `math_verify` (False on any error)."""
+    """Whether `answer` is mathematically equal to `gold` according to `math_verify` (False on any error).
+
+    One rule comes first: an answer that states an equation between two different numbers (``2=3``, ``x=2=3``,
+    ``\\pi=3``) is wrong, whatever its right-hand side; `math_verify` alone compares only that side with the gold.
+    """
     from math_verify import verify
 
     try:
@@ -65,9 +69,31 @@ def _math_verify_equal(gold: str, answer: str, timeout_s: int | None = None) -> 
         answer_parsed = _parse_answer(answer, timeout_s)
         if not gold_parsed or not answer_parsed:
             return False
+        if _states_a_false_equation(answer_parsed[0], timeout_s):
+            return False
         return bool(verify(gold_parsed, answer_parsed, timeout_seconds=timeout_s))
     except Exception:  # noqa: BLE001 - a malformed answer is a wrong answer
         return False
+
+
+def _states_a_false_equation(parsed: object, timeout_s: int | None) -> bool:
+    """Whether a parsed answer contains an equation whose two sides are numbers (sympy's ``is_number``) that differ.
+
+    ``2=3`` and ``\\frac{1}{0}=3`` do; ``x=3`` and ``f(2)=3`` (a variable or an unknown function on one side),
+    ``1+2=3`` and ``\\frac{6}{2}=3`` do not.
+    Chains (``x=2=3``, parsed as ``Eq(2, 3) & Eq(x, 2)``) and sets of equations are searched for every equation.
+    """
+    import sympy
+    from math_verify import verify
+
+    if not isinstance(parsed, sympy.Basic):
+        return False
+    for equation in parsed.atoms(sympy.Equality):
+        sides = equation.lhs, equation.rhs
+        if all(isinstance(side, sympy.Expr) and side.is_number for side in sides):  # no symbols, no f(2)
+            if not verify(sides[1], sides[0], timeout_seconds=timeout_s):
+                return True
+    return False
 
 
 def _worker_handler():

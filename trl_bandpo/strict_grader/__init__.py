@@ -2,13 +2,19 @@ r"""A conservative answer checker for evaluation, to the rules of verl's ``prime
 
 The DGPO paper (§5.1) reports accuracy with verl's ``prime_math`` checker
 (``verl.utils.reward_score.prime_math``), not with the training reward. This package applies the same rules,
-written anew: `strict_score` grades a completion's last ``\boxed{}`` answer, `grade_answer` an extracted answer.
+written anew: `strict_score` grades a completion (its last ``\boxed{}``, or without a box the text after its last
+``answer is``), `grade_answer` an extracted answer.
 
-**Extraction** (`extract_answer`): the argument of the last ``\boxed{..}``/``\fbox{..}``
-(`trl_bandpo.answers.extract_boxed_answer`), stripped; then, as ``prime_math.match_answer`` does with a box, the
-text before its last ``". "`` is kept, and for each marker ``"be "``, ``"is "``, ``"are "``, ``"="``, ``": "``,
-``"get "`` (and their forms with a newline), in that order, the text after its last (case-insensitive) occurrence
-(``\boxed{x = 5}`` -> ``5``). No box, or an empty one: no answer, wrong.
+**Extraction** (`extract_answer`), as ``prime_math.match_answer`` does: the completion is cut after its last
+``answer:``, then after its last ``answer is``, then after its last ``answers are``, then before its last ``is
+answer``, ``is the answer``, ``are answers``, ``are the answers`` (each case-insensitive, each on what the previous
+cut left, stripped). When the rest has a box, the answer is the argument of its last outermost ``\boxed{..}`` /
+``\fbox{..}`` (`trl_bandpo.answers.extract_boxed_answer`), stripped, with the box commands inside it dropped
+(``\boxed{\boxed{2}+1}`` -> ``{2}+1``, never ``2``); without a box, the answer is the rest itself (``The answer is
+12.`` -> ``12.``). Then the text before its last ``". "`` is kept, and for each marker ``"be "``, ``"is "``,
+``"are "``, ``"="``, ``": "``, ``"get "`` (and their forms with a newline), in that order, the text after its last
+(case-insensitive) occurrence (``\boxed{x = 5}`` -> ``5``, ``It is 5`` -> ``5``). An empty result is no answer:
+wrong.
 
 **Verdict** (`grade_answer`), as ``prime_math.compute_score`` decides after extraction:
 
@@ -17,22 +23,28 @@ text before its last ``". "`` is kept, and for each marker ``"be "``, ``"is "``,
    ``0.5``, a short ``k =`` prefix, ``\sqrt3``, ``\frac12``, spaces, ``0.5`` -> ``\frac{1}{2}``, ``3/4`` ->
    ``\frac{3}{4}``), or their PRM800K normal forms are equal (``\text{..}``, ``$``, ``%``, ``or``/``and`` as commas,
    ``million`` -> ``*10^6``, unit words such as ``cm``/``hours``/``feet``, degrees, one pair of outer braces, an
-   integer-valued float written as an integer, LaTeX as plain text, mixed numbers ``7 3/4`` -> ``7+3/4``, lower
-   case, thousands separators of integers). Otherwise both are split into elements when they are a tuple or
-   interval (same brackets and number of elements required), and each pair of elements must be: two fractions
-   written identically (unreduced fractions are not accepted), or both integers or both not, and then equal for
-   sympy (``simplify((gold) - (given)) == 0``), which is only tried when the expression has at most two distinct
-   letters and no ``^{``, ``^(`` or exponent of two digits or more.
+   integer-valued number written as an integer (exactly, at any size), LaTeX as plain text, mixed numbers ``7 3/4``
+   -> ``7+3/4``, lower case, thousands separators of integers). Otherwise both are split into elements when they
+   are a tuple or interval (same brackets and number of elements required), and each pair of elements must be: two
+   fractions written identically (unreduced fractions are not accepted), or both integers or both not, and then
+   equal for sympy (``simplify((gold) - (given)) == 0``), which is only tried when the expression has at most two
+   distinct letters and no ``^{``, ``^(`` or exponent of two digits or more.
 2. Otherwise, ToRA's ``math_equal`` (``prime_math.grader``), tried with pi = 3.14159... and with pi = 3.14 when
    either side contains ``\pi``: ``$5`` -> ``5``, ``50%`` -> ``50``, a base subscript dropped (``1010_2`` ->
    ``1010``, not converted; an answer whose text before ``_`` is no number is wrong), ``\pi`` replaced by the
    number and the result evaluated when it is plain arithmetic; then equal strings (ignoring case, or ignoring
    spaces); numbers equal within a relative tolerance of 1e-4 to the reference, the reference divided by 100 or
-   the reference times 100 (so ``0.5`` matches ``50``, and ``6.28`` matches ``2\pi`` with pi = 3.14); equal
-   strings once brackets, braces and parentheses are dropped (``[1,2]`` and ``1,2``; an open and a closed
-   interval stay different); tuples and intervals with the same brackets compared element by element;
-   comma-separated lists compared element by element (in order); a printed sympy ``Point(..)`` or ``Matrix(..)``
-   against a tuple or a ``pmatrix``.
+   the reference times 100 (so ``0.5`` matches ``50``, and ``6.28`` matches ``2\pi`` with pi = 3.14), where two
+   integers must be equal exactly (or one 100 times the other), at any size; equal strings once brackets, braces
+   and parentheses are dropped (``[1,2]`` and ``1,2``), a step not taken when both are bracketed with different
+   brackets (``[1,2]`` and ``[1,2)``, ``(-\infty,2)`` and ``(-\infty,2]`` are different intervals); tuples and
+   intervals with the same brackets compared element by element; comma-separated lists compared element by element
+   (in order); a printed sympy ``Point(..)`` or ``Matrix(..)`` against a tuple or a ``pmatrix``.
+
+A ``bmatrix`` is read as a ``pmatrix`` (the same matrix in other brackets) on both sides, before any rule.
+Numbers are read exactly (`decimal.Decimal` from the same text ``float`` reads, `_normalize.integer_text`), never
+through a float: two different integers are never equal, however long, and a number too large even for a
+`decimal.Decimal` (``1e9999999999999999999``) is not the float ``inf`` that equals every other one.
 
 Rules of ``prime_math`` that never accept anything in verl, which we therefore leave out: ToRA's last step,
 ``symbolic_equal`` (sympy equality of the two answers), enters verl's ``timeout_limit`` as a context manager;
@@ -51,10 +63,16 @@ time bound.
 
 **Where we may differ from ``prime_math``:**
 
-* Extraction: ``prime_math`` first cuts the completion after its last ``answer:``/``answer is``/``answers are``
-  and before ``is the answer`` (and similar), then looks for a box, and without one grades the remaining text; we
-  always grade the last box and score a completion without a box wrong. We take ``\boxed 5`` (no braces) as
-  ``5``, and a later ``\fbox`` over an earlier ``\boxed``.
+* Extraction: ``prime_math`` finds the box by searching for the last ``\boxed`` command (``\fbox`` only when
+  there is none), which lands inside a nested box (``\boxed{\boxed{2}+1}`` would be graded as ``2``); we take the
+  last outermost box, drop the box commands inside it, and take a later ``\fbox`` over an earlier ``\boxed``. We
+  take ``\boxed 5`` (no braces) as ``5``. A last box that is empty or never closes (a cut-off completion) is no
+  answer here; ``prime_math`` then grades the text around it as if there were no box.
+* Numbers: ``prime_math`` reads them as floats, so integers of 17 digits or more can equal a neighbour, integers
+  beyond 1e308 all equal each other (``inf``), and two integers within the relative tolerance (``123457`` and
+  ``123456``) are equal; we compare two integers exactly. Intervals: ``prime_math``'s test with brackets dropped
+  finds ``[1,2]`` equal to ``[1,2)``; we do not take it when both are bracketed with different brackets. Matrices:
+  we read ``bmatrix`` as ``pmatrix``; ``prime_math`` compares their text.
 * LaTeX to text: ``prime_math`` uses ``pylatexenc`` 2.10; we reproduce its output for the commands answers use
   (`_normalize.latex_to_text`) but not for malformed LaTeX (a ``\frac`` or ``\sqrt`` that is itself an argument,
   unbalanced braces, ``\\[``), where either text may fail to parse or compare differently.
@@ -78,7 +96,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..answers import completion_text, extract_boxed_answer, gold_alternatives
+from ..answers import completion_text, contains_box, extract_boxed_answer, gold_alternatives, unwrap_boxes
 from ..worker_pool import WORKER_START_TIMEOUT_S, WorkerPool
 from . import _grade
 from ._grade import grade, quick_match
@@ -95,6 +113,8 @@ __all__ = [
 
 DEFAULT_TIMEOUT_S = 10.0  # prime_math's limit for one sympy comparison
 MAX_CHARS = 10_000  # longer answers (or gold answers) are wrong without any work
+_ANSWER_MARKERS = ("answer:", "answer is", "answers are")  # case-insensitive, as all markers
+_ANSWER_BEFORE_MARKERS = ("is answer", "is the answer", "are answers", "are the answers")
 _MARKERS = ("be ", "is ", "are ", "=", ": ", "get ", "be\n", "is\n", "are\n", ":\n", "get\n")
 # Workers run `_grade.worker_handler` (with `_grade`'s two sibling modules, not trl_bandpo); idle ones stop at exit.
 _POOL = WorkerPool(_grade.__file__, "worker_handler", name="strict-grader", max_idle=8)
@@ -107,21 +127,33 @@ def _check_timeout(timeout_s: Any) -> float:
 
 
 def extract_answer(completion: Any) -> str | None:
-    r"""The answer ``prime_math`` grades from a completion's last box (see the module), or None without one.
+    r"""The answer ``prime_math`` grades in a completion (see the module), or None when there is none.
 
-    Example: ``extract_answer(r"... so \boxed{x = 5}.")`` is ``"5"``.
+    Examples: ``extract_answer(r"... so \boxed{x = 5}.")`` is ``"5"``, ``extract_answer("The answer is 12.")`` is
+    ``"12."``.
     """
-    boxed = extract_boxed_answer(completion_text(completion))
-    answer = boxed.strip() if boxed is not None else ""
-    if not answer:
-        return None
+    text = completion_text(completion)
+    for marker in _ANSWER_MARKERS:  # the text after the last "answer:", then after the last "answer is", ...
+        index = text.lower().rfind(marker)
+        if index != -1:
+            text = text[index + len(marker) :].strip()
+    for marker in _ANSWER_BEFORE_MARKERS:  # ... and before the last "is the answer"
+        index = text.lower().rfind(marker)
+        if index != -1:
+            text = text[:index].strip()
+    answer = text
+    if contains_box(text):
+        boxed = extract_boxed_answer(text)
+        if boxed is None or not boxed.strip():  # an empty box, or one that never closes: no answer
+            return None
+        answer = unwrap_boxes(boxed.strip())
     if ". " in answer:
         answer = answer[: answer.lower().rfind(". ")].strip()
     for marker in _MARKERS:
         index = answer.lower().rfind(marker)
         if index != -1:
             answer = answer[index + len(marker) :].strip()
-    return answer
+    return answer or None
 
 
 def grade_answer(given: Any, gold: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
@@ -162,7 +194,7 @@ def _gold_strings(gold: Any) -> list[str]:
 
 
 def strict_score(completion: Any, gold: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
-    r"""Whether a completion's last boxed answer is correct under ``prime_math``'s rules.
+    r"""Whether a completion's answer (`extract_answer`) is correct under ``prime_math``'s rules.
 
     Args:
         completion: the model's output, a string or a conversation (see `trl_bandpo.answers.completion_text`).

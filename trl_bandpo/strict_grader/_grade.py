@@ -14,9 +14,19 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+from decimal import Decimal, localcontext
 
 from ._expressions import python_value, read_expression
-from ._normalize import is_frac, mathd_normalize, prm_normalize, str_is_int, strip_formatted_commas
+from ._normalize import (
+    EXACT,
+    MAX_INTEGER_DIGITS,
+    exact_number,
+    is_frac,
+    mathd_normalize,
+    prm_normalize,
+    str_is_int,
+    strip_formatted_commas,
+)
 
 # --- PRM800K's check (prime_math.grade_answer) ---
 
@@ -53,8 +63,17 @@ def split_tuple(expr: str) -> list[str]:
     return [expr]
 
 
+def same_matrix_brackets(answer: str) -> str:
+    r"""``\begin{bmatrix}..\end{bmatrix}`` written as ``\begin{pmatrix}..\end{pmatrix}``: the same matrix in other
+    brackets, compared as one (``prime_math`` compares their text, and its matrix rules know only ``pmatrix``)."""
+    if "bmatrix" not in answer:
+        return answer
+    return answer.replace("\\begin{bmatrix}", "\\begin{pmatrix}").replace("\\end{bmatrix}", "\\end{pmatrix}")
+
+
 def quick_match(given: str, gold: str) -> bool:
     """The string stages of PRM800K's check (no sympy): equal MATH normal forms, or equal PRM800K normal forms."""
+    given, gold = same_matrix_brackets(given), same_matrix_brackets(gold)
     if mathd_normalize(gold) == mathd_normalize(given):
         return True
     gold_normal, given_normal = prm_normalize(gold), prm_normalize(given)
@@ -96,7 +115,11 @@ def _tora_normalize(answer: object, pi: float) -> object:
     if re.match(r"^\d+(\.\d+)?%$", answer) or re.match(r"^\d+(\.\d+)?\\%$", answer):
         return answer.replace("\\%", "").replace("%", "")
     if "_" in answer:  # a base subscript: "1010_2" -> 1010 (ValueError when the part before "_" is no number)
-        return int(float(answer.split("_")[0]))
+        digits = answer.split("_")[0]
+        number = exact_number(digits)  # int(float(..)) would give long numbers a neighbour's digits
+        if number is not None and number.adjusted() < MAX_INTEGER_DIGITS:
+            return int(number)  # truncated, as int(float(..)) does
+        return int(float(digits))
     if "\\pi" in answer:
         index = answer.find("\\pi")
         while index != -1:
@@ -116,6 +139,32 @@ def _as_number(value: object) -> float | None:
         return None
 
 
+def _exact_as_number(value: object) -> Decimal | None:
+    """`_as_number` without its float: the exact value of the same text (None for floats, ``inf``, ``nan``)."""
+    if isinstance(value, str):
+        value = value.replace("{,}", "") if "{,}" in value else value.replace(",", "")
+    return exact_number(value)
+
+
+def _is_infinity(value: object) -> bool:
+    """Whether `value` spells an infinity (``inf``, ``-Infinity``, a float inf), not a number too large for floats."""
+    if isinstance(value, float):
+        return math.isinf(value)
+    return isinstance(value, str) and value.strip().lower().lstrip("+-") in ("inf", "infinity")
+
+
+def _numbers_match(predicted: Decimal, reference: Decimal, tolerance: float) -> bool:
+    """ToRA's numeric test, computed exactly: two integers must be equal (or one 100 times the other, the percent
+    forms); otherwise the prediction must lie within a relative `tolerance` of the reference, of the reference / 100
+    or of the reference * 100 (``math.isclose``)."""
+    with localcontext(EXACT):
+        candidates = (reference.scaleb(-2), reference, reference.scaleb(2))
+        if predicted == predicted.to_integral_value() and reference == reference.to_integral_value():
+            return predicted in candidates
+        bound = Decimal(repr(tolerance))
+        return any(abs(c - predicted) <= bound * max(abs(c), abs(predicted)) for c in candidates)
+
+
 def tora_equal(prediction: object, reference: object, pi: float = math.pi, tolerance: float = 1e-4) -> bool:
     """ToRA's ``math_equal`` as verl runs it; raises where it raises (the caller then scores the answer wrong)."""
     prediction, reference = _tora_normalize(prediction, pi), _tora_normalize(reference, pi)
@@ -128,6 +177,12 @@ def tora_equal(prediction: object, reference: object, pi: float = math.pi, toler
             return True
     predicted_number, reference_number = _as_number(prediction), _as_number(reference)
     if predicted_number is not None and reference_number is not None:  # percentages: x, x/100 and 100x all match
+        exact = _exact_as_number(prediction), _exact_as_number(reference)
+        if None not in exact:
+            return _numbers_match(*exact, tolerance)
+        if not math.isfinite(predicted_number) or not math.isfinite(reference_number):
+            # only a written infinity equals an infinity: a number beyond Decimal's range is no inf
+            return _is_infinity(prediction) and _is_infinity(reference) and predicted_number == reference_number
         candidates = (reference_number / 100, reference_number, reference_number * 100)
         return any(math.isclose(c, predicted_number, rel_tol=tolerance) for c in candidates)
     if not prediction and prediction not in [0, False]:
@@ -139,7 +194,9 @@ def tora_equal(prediction: object, reference: object, pi: float = math.pi, toler
         prediction.startswith("(") and prediction.endswith(")") and not reference.startswith("[")
     ):
         pred_text, ref_text = pred_text.strip("[]()"), ref_text.strip("[]()")
-    if re.sub(r"[{}()]", "", pred_text) == re.sub(r"[{}()]", "", ref_text):
+    if not _different_intervals(prediction, reference) and re.sub(r"[{}()]", "", pred_text) == re.sub(
+        r"[{}()]", "", ref_text
+    ):
         return True
     if (prediction and reference and prediction[0] in "([" and prediction[-1] in ")]"
             and prediction[0] == reference[0] and prediction[-1] == reference[-1]):  # fmt: skip
@@ -159,6 +216,13 @@ def tora_equal(prediction: object, reference: object, pi: float = math.pi, toler
     if r"\begin{pmatrix}" in reference:
         return _matrix_equal(prediction, reference)
     return False  # ToRA's symbolic step never accepts in verl (see trl_bandpo.strict_grader)
+
+
+def _different_intervals(prediction: str, reference: str) -> bool:
+    """Whether both are bracketed (``(`` or ``[`` ... ``)`` or ``]``) with different brackets: ``[1,2]`` and ``[1,2)``
+    are different intervals, although ToRA's test without brackets finds them equal (we do not take that step)."""
+    bracketed = all(len(t) > 1 and t[0] in "([" and t[-1] in ")]" for t in (prediction, reference))
+    return bracketed and (prediction[0], prediction[-1]) != (reference[0], reference[-1])
 
 
 def _all_equal(predictions: list, references: list) -> bool:
@@ -209,6 +273,7 @@ def _matrix_equal(prediction: str, reference: str) -> bool:
 
 def grade(given: str, gold: str) -> bool:
     """``prime_math.compute_score``'s verdict for an extracted answer: PRM800K's check, else ToRA's ``math_equal``."""
+    given, gold = same_matrix_brackets(given), same_matrix_brackets(gold)
     try:
         if prm_grade(given, gold):
             return True

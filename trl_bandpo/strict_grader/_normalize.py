@@ -4,8 +4,9 @@ r"""String normalisations of verl's ``prime_math`` grader (pure Python, no sympy
   ``\left``/``\right``, degrees, ``\$``, ``\%``, units after ``\text{ ``, leading ``0`` of decimals, a short
   ``k =`` prefix, ``\sqrt3`` / ``\frac12`` shorthand, spaces, ``0.5`` -> ``\frac{1}{2}``, ``a/b`` of integers.
 * `prm_normalize`: the PRM800K normalisation (``prime_math._normalize``): ``\text{..}``, ``$``, ``%``, ``or``/``and``,
-  ``million``..., unit words, degrees, one pair of outer braces, ``,\!``, integer-valued floats, LaTeX to plain
-  text (`latex_to_text`), ``- `` and mixed numbers, lower case, thousands separators of integers.
+  ``million``..., unit words, degrees, one pair of outer braces, ``,\!``, integer-valued floats (written out
+  exactly, `integer_text`), LaTeX to plain text (`latex_to_text`), ``- `` and mixed numbers, lower case, thousands
+  separators of integers.
 * `latex_to_text`: our stand-in for ``pylatexenc``'s ``LatexNodes2Text`` (version 2.10), which ``prime_math`` uses
   and this package does not depend on. It reproduces pylatexenc's output for what answers contain: ``\frac``
   (``a/b``, no parentheses), ``\sqrt`` (``√(x)``, the degree dropped), Greek letters, ``\infty``, ``\cup``,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from decimal import MAX_EMAX, MIN_EMIN, ROUND_DOWN, ROUND_HALF_EVEN, Context, Decimal, localcontext
 
 # --- Hendrycks MATH normalisation (prime_math.math_normalize) ---
 
@@ -109,6 +111,12 @@ _UNIT_PATTERNS = tuple(re.compile(unit + r"(es)?(s)? *(\^[0-9]+)?") for unit in 
 _FORMATTED_COMMA = re.compile(r"(\d),(\d\d\d)($|\D)")
 
 
+MAX_INTEGER_DIGITS = 10_000  # longest integer a normal form writes out (a longer one, like "1e99999", stays text)
+_NEAR_INTEGER = Decimal("1e-7")  # prime_math's ``_is_int`` tolerance
+# Decimal arithmetic on numbers of up to MAX_CHARS digits, exact to far below any tolerance, at any exponent.
+EXACT = Context(prec=20_100, Emax=MAX_EMAX, Emin=MIN_EMIN)
+
+
 def is_float(text: str) -> bool:
     try:
         float(text)
@@ -124,6 +132,42 @@ def is_int(value: float) -> bool:
         return False
 
 
+def exact_number(value: object) -> Decimal | None:
+    """The exact value of an int, or of a string that Python's ``float`` reads as a finite number; else None.
+
+    prime_math reads numbers with ``float``, which rounds beyond 15 digits and overflows to ``inf`` beyond 1e308, so
+    that different long integers compare equal; a `Decimal` built from the same text keeps every digit.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Decimal(value)
+    if not isinstance(value, str) or not is_float(value):  # float's syntax (Decimal alone would also take "_1")
+        return None
+    try:
+        number = Decimal(value)
+    except ArithmeticError:
+        return None
+    return number if number.is_finite() else None
+
+
+def integer_text(text: str, truncate: bool = False) -> str | None:
+    """The digits of the integer within 1e-7 of the number `text` (prime_math's ``_is_int``), or None.
+
+    Rounded to the nearest integer as ``int(round(float(text)))`` does, or truncated as ``int(float(text))`` does
+    (`truncate`), but exactly, at any size up to `MAX_INTEGER_DIGITS` digits (``float`` gives every integer of 17
+    or more digits a neighbour's digits, and none beyond 1e308). None for text that is no number, is not within 1e-7
+    of an integer, or whose integer is longer than that.
+    """
+    number = exact_number(text)
+    if number is None:  # "inf", "nan": as prime_math, through a float (which is never an integer then)
+        return None
+    with localcontext(EXACT):
+        nearest = number.to_integral_value(rounding=ROUND_HALF_EVEN)
+        if abs(number - nearest) > _NEAR_INTEGER or nearest.adjusted() >= MAX_INTEGER_DIGITS:
+            return None
+        integer = number.to_integral_value(rounding=ROUND_DOWN) if truncate else nearest
+    return "0" if integer.is_zero() else format(integer, "f")
+
+
 def strip_formatted_commas(text: str) -> str:
     """Remove thousands separators (a comma followed by exactly three digits), until nothing changes."""
     while True:
@@ -134,10 +178,7 @@ def strip_formatted_commas(text: str) -> str:
 
 
 def str_is_int(text: str) -> bool:
-    try:
-        return is_int(float(strip_formatted_commas(text)))
-    except ValueError:
-        return False
+    return integer_text(strip_formatted_commas(text)) is not None
 
 
 def is_frac(text: str) -> bool:
@@ -160,8 +201,9 @@ def prm_normalize(expr: str | None) -> str | None:
     if expr and expr[0] == "{" and expr[-1] == "}":
         expr = expr[1:-1]
     expr = re.sub(r",\\! *", "", expr)
-    if is_float(expr) and is_int(float(expr)):
-        expr = str(int(round(float(expr))))
+    integer = integer_text(expr)  # an integer-valued number written as an integer, exactly
+    if integer is not None:
+        expr = integer
     if "\\" in expr:
         try:
             expr = _latex_answer_to_text(expr)
@@ -170,8 +212,9 @@ def prm_normalize(expr: str | None) -> str | None:
     expr = re.sub(r"- *", "-", expr)
     expr = re.sub(r"([0-9]) +([0-9])", r"\1+\2", expr)  # a mixed number: "7 3/4" -> "7+3/4"
     expr = expr.lower()
-    if str_is_int(expr):
-        expr = str(int(float(expr.replace(",", ""))))
+    integer = integer_text(strip_formatted_commas(expr), truncate=True)  # only formatted commas remain then
+    if integer is not None:
+        expr = integer
     return expr
 
 
