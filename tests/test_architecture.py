@@ -31,6 +31,7 @@ LAYERS = {
     "trainer": 2,
     "answers": 3,
     "dapo_scorer": 3,
+    "math_reward": 3,
     "tiny_model": 3,
     "verifier": 4,
     "worker_pool": 4,

@@ -1,6 +1,7 @@
 """The evaluation presets, the scorers by name, `--preset` and its overrides, and the two pass@k estimators
 (unbiased pass@k and verl's bootstrap best@k). Nothing here loads a model: generation is stubbed."""
 
+import inspect
 import json
 import math
 import random
@@ -18,6 +19,7 @@ from trl_bandpo.evaluation import (
     best_at_k,
     bootstrap_best_at_k,
     check_scorer,
+    estimator_labels,
     evaluate,
     pass_at_k,
     preset_settings,
@@ -39,7 +41,7 @@ EXPECTED = {
         "top_k": None,
         "num_samples": 32,
         "max_new_tokens": 4096,
-        "scorer": {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "math_verify"},
+        "scorer": {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "math_reward"},
         "ks": [1, 2, 4, 8, 16, 32],
     },
     "dgpo": {
@@ -56,13 +58,22 @@ EXPECTED = {
 }
 
 
+# What each paper reports as Pass@32: verl's bootstrap best@k (docs/evaluation.md, "Which estimator each paper
+# reports").
+REPORTED = {
+    "bandpo": {"paper": "BandPO", "estimator": "best", "paper_metric": "pass@32"},
+    "dgpo": {"paper": "DGPO", "estimator": "best", "paper_metric": "P@32 and Pass@k"},
+}
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_preset_values(name):
     preset = EVAL_PRESETS[name]
     assert {key: preset[key] for key in EXPECTED[name]} == EXPECTED[name]
-    assert set(preset) == set(EXPECTED[name]) | {"description", "sources"}
+    assert {key: preset[key] for key in REPORTED[name]} == REPORTED[name]
+    assert set(preset) == set(EXPECTED[name]) | set(REPORTED[name]) | {"description", "sources"}
     assert preset["description"].strip()
-    assert set(preset["sources"]) == set(EXPECTED[name]), "every value needs its source"
+    assert set(preset["sources"]) == set(EXPECTED[name]) | {"estimator"}, "every value needs its source"
     assert all(text.strip() for text in preset["sources"].values())
 
 
@@ -96,7 +107,8 @@ def test_preset_settings_overrides_win_and_drop_large_ks():
 def test_scorers_by_name():
     assert score("dapo", ["work\nAnswer: 42", r"\boxed{42}"], ["42", "42"]) == [True, False]
     assert score("math_verify", [r"so \boxed{42}", "Answer: 42"], ["42", "42"]) == [True, False]
-    assert score("strict", [r"so \boxed{x = 6}", "Answer: 6"], ["6", "6"]) == [True, False]
+    # an unboxed completion is graded on the text after its last "answer:" (prime_math's rule), else on all of it
+    assert score("strict", [r"so \boxed{x = 6}", "Answer: 6", "I think 6"], ["6", "6", "6"]) == [True, True, False]
     assert score("math_verify", [r"\boxed{0.5}"], [r"\frac{1}{2}"]) == [True]
     assert score("dapo", ["Answer: 0.5"], [r"\frac{1}{2}"]) == [False]  # string equality only
 
@@ -108,7 +120,9 @@ def test_scorer_resolution():
     assert scorers_for(mapping, ["aime2024", "amc2023"]) == {"aime2024": "dapo", "amc2023": "math_verify"}
     assert scorers_for("dapo", ["a", "b"]) == {"a": "dapo", "b": "dapo"}
     assert scorers_for({"a": "dapo", "*": "strict"}, ["a", "b"]) == {"a": "dapo", "b": "strict"}
-    with pytest.raises(ValueError, match=r"scorer must be one of \['math_verify', 'dapo', 'strict'\].*'prime'"):
+    with pytest.raises(
+        ValueError, match=r"scorer must be one of \['math_verify', 'dapo', 'strict', 'math_reward'\].*'prime'"
+    ):
         check_scorer("prime")
     with pytest.raises(ValueError, match=r"val_scorer\['aime2024'\] must be one of .*'verl'"):
         check_scorer({"aime2024": "verl"}, "val_scorer")
@@ -141,7 +155,7 @@ def bench_files(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"scorer": "prime"}, r"scorer must be one of \['math_verify', 'dapo', 'strict'\]"),
+        ({"scorer": "prime"}, r"scorer must be one of \['math_verify', 'dapo', 'strict', 'math_reward'\]"),
         ({"scorer": {"a": "dapo"}}, "scorer has no scorer for benchmark 'b'"),
         ({"top_k": 0}, "top_k must be None .* or an integer >= 1, got 0"),
         ({"prompt_template": "chatml"}, r"prompt_template must be one of \['boxed', 'dapo'\]"),
@@ -191,7 +205,11 @@ def test_evaluate_scores_each_benchmark_with_its_scorer(monkeypatch, bench_files
     assert (settings["top_k"], settings["prompt_template"], settings["preset"]) == (5, "dapo", "bandpo")
     assert seen["settings"]["top_k"] == 5
     assert seen["prompts"][0][0]["content"].startswith("Solve the following math problem step by step.")
-    assert results["estimators"] == {"pass@k": PASS_LABEL, "best@k": BEST_LABEL}
+    assert results["estimators"] == {
+        "best@k": "best@k (bootstrap; the BandPO paper's pass@32)",
+        "pass@k": "pass@k (unbiased; not the BandPO paper's estimator)",
+    }
+    assert list(results["estimators"]) == ["best@k", "pass@k"]  # the paper's estimator first
     assert results["benchmarks"]["a"]["best@2"] == pytest.approx(0.75)  # 1 - (1 - 1/2)^2
     assert results["benchmarks"]["a"]["pass@2"] == pytest.approx(1.0)
     on_disk = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -208,13 +226,16 @@ def parse(argv):
     return eval_cli.resolve_settings(parser.parse_args(["--model", "m", *argv]))
 
 
-def test_no_preset_keeps_the_defaults():
+def test_no_preset_samples_as_both_papers():
+    """Without --preset the sampling is both papers' (T 1.0, top-p 1.0, no top-k), not 0.6 / 0.95."""
     settings = parse([])
     assert settings == {
         "benchmarks": ["aime2024", "aime2025", "amc2023"], "num_samples": 32, "ks": None, "max_new_tokens": 4096,
-        "temperature": 0.6, "top_p": 0.95, "top_k": None, "prompt_template": "boxed", "scorer": "math_verify",
+        "temperature": 1.0, "top_p": 1.0, "top_k": None, "prompt_template": "boxed", "scorer": "math_verify",
         "preset": None,
     }  # fmt: skip
+    parameters = inspect.signature(evaluate).parameters  # the Python API samples the same way
+    assert (parameters["temperature"].default, parameters["top_p"].default) == (1.0, 1.0)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -249,7 +270,7 @@ def test_scorer_flag_replaces_or_updates_the_preset_mapping():
     "argv, expected",
     [
         (["--preset", "verl"], ["argument --preset", "'verl'", "'bandpo', 'dgpo'"]),
-        (["--scorer", "prime"], ["argument --scorer", "'prime'", "'math_verify', 'dapo', 'strict'"]),
+        (["--scorer", "prime"], ["argument --scorer", "'prime'", "'math_verify', 'dapo', 'strict', 'math_reward'"]),
         (["--scorer", "=dapo"], ["argument --scorer", "'=dapo'", "BENCHMARK=one of them"]),
         (["--top-k", "0"], ["argument --top-k", "'0'", "integer >= 1"]),
         (["--prompt-template", "chatml"], ["argument --prompt-template", "'chatml'", "'boxed', 'dapo'"]),
@@ -269,18 +290,39 @@ def test_bad_preset_arguments_exit_2(argv, expected, tmp_path, no_model_loading,
 def test_scorer_mapping_must_cover_the_benchmarks(bench_files, tmp_path, no_model_loading, capsys):
     base = ["--model", "m", "--output-dir", str(tmp_path / "out"), "--benchmarks", *map(str, bench_files.values())]
     for extra, part in (
-        (["--preset", "bandpo"], "argument --scorer has no scorer for benchmark 'a'"),
         (["--scorer", "dapo", "c=strict"], "argument --scorer: 'c' is not a benchmark of this run"),
+        (
+            ["--preset", "bandpo", "--scorer", "a=dapo"],
+            "argument --scorer: benchmark 'b' has no scorer (--preset bandpo scores only ['a', 'aime2024', ",
+        ),
     ):
         with pytest.raises(SystemExit) as info:
             eval_cli.eval_main(base + extra)
         assert info.value.code == 2 and part in capsys.readouterr().err
 
 
+def test_a_custom_benchmark_under_a_preset_needs_scorer(bench_files, tmp_path, no_model_loading, capsys):
+    """`--preset bandpo --benchmarks a.jsonl` without --scorer: one line naming --scorer, the benchmark, the scorers
+    the preset has and the scorer names allowed."""
+    with pytest.raises(SystemExit) as info:
+        eval_cli.eval_main([
+            "--model", "m", "--output-dir", str(tmp_path / "out"), "--preset", "bandpo", "--benchmarks",
+            str(bench_files["a"]),
+        ])  # fmt: skip
+    assert info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == (
+        "trl-bandpo eval: error: argument --scorer: benchmark 'a' has no scorer (--preset bandpo scores only "
+        "['aime2024', 'aime2025', 'amc2023']): a custom benchmark needs --scorer a=NAME (or one NAME for every "
+        "benchmark), NAME one of ['math_verify', 'dapo', 'strict', 'math_reward']"
+    )
+
+
 def test_preset_run_records_the_effective_settings(monkeypatch, bench_files, tmp_path, capsys):
-    """`--preset bandpo` on local copies named like its benchmarks, one flag overriding it: results.json holds the
-    preset's name and the effective values, results.md both labelled estimators."""
-    canned = {"1+1": ["Answer: 2"] * 4, "2+2": [r"\boxed{4}"] * 4, "3+3": [r"\boxed{6}", "x", "y", "z"]}
+    """`--preset bandpo` on local copies named like its benchmarks, one flag overriding it: the settings are printed
+    before generation, results.json holds the preset's name and the effective values, AMC is scored by math_reward
+    (``\\boxed{6.0}`` is not 6), and results.md and stdout show the paper's estimator (best@k) first, in %."""
+    canned = {"1+1": ["Answer: 2"] * 4, "2+2": [r"\boxed{4}"] * 4, "3+3": [r"\boxed{6}", r"\boxed{6.0}", "y", "z"]}
     canned["4+4"] = ["no"] * 4
     fake, seen = canned_generator(canned)
     monkeypatch.setattr(evaluation.generation, "load_generator", fake)
@@ -295,17 +337,57 @@ def test_preset_run_records_the_effective_settings(monkeypatch, bench_files, tmp
     assert settings["preset"] == "bandpo" and settings["num_samples"] == 4 and settings["ks"] == [1, 2, 4]
     assert (settings["temperature"], settings["top_p"], settings["top_k"]) == (1.0, 1.0, None)
     assert settings["max_new_tokens"] == 4096 and settings["prompt_template"] == "dapo"
-    assert settings["scorer"] == {"aime2024": "dapo", "amc2023": "math_verify"}
+    assert settings["scorer"] == {"aime2024": "dapo", "amc2023": "math_reward"}
+    assert settings["timeout_s"] == {"aime2024": None, "amc2023": None}
     assert seen["settings"]["temperature"] == 1.0
     assert results["benchmarks"]["aime2024"]["correct_per_problem"] == [4, 0]  # boxed 4 is no "Answer:" line
-    assert results["benchmarks"]["amc2023"]["correct_per_problem"] == [1, 0]
+    assert results["benchmarks"]["amc2023"]["correct_per_problem"] == [1, 0]  # 6.0 is not 6 under math_reward
+    best, unbiased = (
+        "best@k (bootstrap; the BandPO paper's pass@32)",
+        "pass@k (unbiased; not the BandPO paper's estimator)",
+    )
+    assert list(results["estimators"].items()) == [("best@k", best), ("pass@k", unbiased)]
+    # amc2023, counts 1/4 and 0/4: mean 12.5 %; best@2 = (1 - (3/4)^2)/2 = 21.875 %, best@4 = (1 - (3/4)^4)/2
+    # = 34.18 %; pass@2 = (1 - C(3,2)/C(4,2))/2 = 25 %, pass@4 = 50 %.
+    best_row, pass_row = "| amc2023 | 2 | 12.5 | 12.5 | 21.9 | 34.2 |", "| amc2023 | 2 | 12.5 | 12.5 | 25.0 | 50.0 |"
     table = (out / "results.md").read_text()
-    assert f"## {PASS_LABEL}" in table and f"## {BEST_LABEL}" in table
-    assert "| Benchmark | Problems | mean@4 | pass@1 | pass@2 | pass@4 |" in table
+    assert table.index(f"## {best}") < table.index(best_row) < table.index(f"## {unbiased}") < table.index(pass_row)
     assert "| Benchmark | Problems | mean@4 | best@1 | best@2 | best@4 |" in table
-    assert "Preset `bandpo`" in table and "aime2024: dapo" in table
+    assert "| Benchmark | Problems | mean@4 | pass@1 | pass@2 | pass@4 |" in table
+    assert "Preset `bandpo`" in table and "aime2024: dapo" in table and "amc2023: math_reward" in table
     printed = capsys.readouterr().out
-    assert PASS_LABEL in printed and BEST_LABEL in printed
+    assert printed.splitlines()[0] == (
+        "Settings (preset bandpo; flags given explicitly override it): 4 samples per problem at temperature 1.0, "
+        "top-p 1.0, no top-k, seed 0; at most 4096 new tokens; prompt template dapo; scorers aime2024: dapo, "
+        "amc2023: math_reward; k of pass@k and best@k [1, 2, 4]"
+    )
+    assert printed.index(f"{best}, values in %:") < printed.index(best_row)
+    assert printed.index(best_row) < printed.index(f"{unbiased}, values in %:") < printed.index(pass_row)
+
+
+def test_no_preset_prints_what_it_uses_and_the_unbiased_estimator_first(monkeypatch, bench_files, tmp_path, capsys):
+    """Without --preset the run says so, prints the exact sampling it uses, and labels both tables (in %)."""
+    fake, _ = canned_generator({"1+1": [r"\boxed{2}", "x"], "2+2": ["y", "z"]})
+    monkeypatch.setattr(evaluation.generation, "load_generator", fake)
+    code = eval_cli.eval_main([
+        "--model", "m", "--benchmarks", str(bench_files["a"]), "--num-samples", "2", "--backend", "transformers",
+        "--output-dir", str(tmp_path / "out"),
+    ])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert printed.splitlines()[0] == (
+        "Settings (no --preset: built-in defaults, not a paper's protocol; --preset bandpo or dgpo applies one): 2 "
+        "samples per problem at temperature 1.0, top-p 1.0, no top-k, seed 0; at most 4096 new tokens; prompt "
+        "template boxed; scorers a: math_verify; k of pass@k and best@k [1, 2]"
+    )
+    # a: counts 1/2 and 0/2: mean 25 %; pass@2 = 50 %; best@2 = (1 - (1/2)^2)/2 = 37.5 %.
+    pass_at, best_at = printed.index(f"{PASS_LABEL}, values in %:"), printed.index(f"{BEST_LABEL}, values in %:")
+    assert (
+        pass_at
+        < printed.index("| a | 2 | 25.0 | 25.0 | 50.0 |")
+        < best_at
+        < printed.index("| a | 2 | 25.0 | 25.0 | 37.5 |")
+    )
 
 
 def test_preset_end_to_end_with_tiny_model(tiny_model_dir, bench_files, tmp_path):
@@ -368,3 +450,51 @@ def test_best_at_k_properties():
     counts = summary["correct_per_problem"]
     assert summary["best@8"] == pytest.approx(sum(best_at_k(8, c, 8) for c in counts) / 5)
     assert summary["best@1"] == pytest.approx(summary["mean@8"])
+
+
+def test_unbiased_pass_at_n_is_a_multiple_of_one_over_the_problems_and_best_at_n_is_not():
+    """Why the DGPO paper's P@32 is best@32: with n = k = 32 the unbiased pass@32 is the share of problems solved at
+    least once, a multiple of 1/30 on AIME (1/40 on AMC23); the bootstrap best@32 is not."""
+    counts = [1] + [0] * 29  # 30 problems, one solved once in 32 samples
+    summary = summarize_correctness([[i < c for i in range(32)] for c in counts], ks=(32,))
+    assert summary["pass@32"] == pytest.approx(1 / 30)
+    assert summary["best@32"] == pytest.approx((1 - (31 / 32) ** 32) / 30)  # 0.6379 / 30 = 0.02126
+    assert summary["best@32"] * 30 == pytest.approx(0.6379, abs=1e-4)  # 30 x best@32 is no integer
+
+
+@pytest.mark.parametrize(
+    "preset, expected",
+    [
+        (None, [("pass@k", PASS_LABEL), ("best@k", BEST_LABEL)]),
+        (
+            "bandpo",
+            [
+                ("best@k", "best@k (bootstrap; the BandPO paper's pass@32)"),
+                ("pass@k", "pass@k (unbiased; not the BandPO paper's estimator)"),
+            ],
+        ),
+        (
+            "dgpo",
+            [
+                ("best@k", "best@k (bootstrap; the DGPO paper's P@32 and Pass@k)"),
+                ("pass@k", "pass@k (unbiased; not the DGPO paper's estimator)"),
+            ],
+        ),
+    ],
+)
+def test_each_preset_shows_the_estimator_its_paper_reports_first(preset, expected):
+    assert list(estimator_labels(preset).items()) == expected
+
+
+def test_dgpo_run_writes_the_papers_estimator_first(monkeypatch, bench_files, tmp_path):
+    fake, _ = canned_generator({"1+1": [r"\boxed{2}", "x"], "2+2": ["y", "z"]})
+    monkeypatch.setattr(evaluation.generation, "load_generator", fake)
+    settings = preset_settings("dgpo", num_samples=2, benchmarks=[str(bench_files["a"])])
+    results = evaluate("unused", **settings, backend="transformers", output_dir=tmp_path)
+    assert list(results["estimators"]) == ["best@k", "pass@k"]
+    assert json.loads((tmp_path / "results.json").read_text())["estimators"] == results["estimators"]
+    headings = [line for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("## ")]
+    assert headings == [
+        "## best@k (bootstrap; the DGPO paper's P@32 and Pass@k)",
+        "## pass@k (unbiased; not the DGPO paper's estimator)",
+    ]

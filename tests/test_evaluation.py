@@ -16,6 +16,8 @@ from trl_bandpo.evaluation import (
     summarize_correctness,
     write_markdown,
 )
+from trl_bandpo.evaluation.scorers import score
+from trl_bandpo.math_reward import last_boxed_answer, math_reward_correct, normalize_answer
 
 
 def brute_force_pass_at_k(n, c, k):
@@ -241,3 +243,89 @@ def test_vllm_backend_requests_n_samples_per_prompt(monkeypatch, tiny_model_dir,
     assert calls["sampling"] == {"n": 4, "temperature": 1.0, "top_p": 1.0, "max_tokens": 16, "seed": 3}
     assert len(calls["prompts"]) == 3 and all(p["prompt_token_ids"] for p in calls["prompts"])
     assert results["benchmarks"]["tiny_bench"]["correct_per_problem"] == [4, 0, 0]  # only 1+1 has answer 2
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The math_reward scorer: verl's Hendrycks MATH string check, which the BandPO authors scored AMC with
+# ------------------------------------------------------------------------------------------------------------------
+
+MATH_REWARD_CASES = [
+    # (completion, gold, verdict): each worked by hand from the rule in trl_bandpo/math_reward.py
+    (r"so \boxed{12}", "12", True),
+    (r"\boxed{\dfrac{1}{2}}", r"\frac{1}{2}", True),  # dfrac -> frac
+    (r"\boxed{\tfrac12}", r"\frac{1}{2}", True),  # tfrac -> frac, \frac12 -> \frac{1}{2}
+    (r"\boxed{0.5}", r"\frac{1}{2}", True),  # the one decimal rewritten
+    (r"\boxed{.5}", "0.5", True),  # leading 0 added, then both become \frac{1}{2}
+    (r"\boxed{1/2}", r"\frac{1}{2}", True),  # a/b of plain integers
+    (r"\boxed{\frac{1}{2}}", "1/2", True),  # the gold is normalised too
+    (r"\boxed{x = 5}", "5", True),  # left side of at most 2 characters dropped
+    (r"\boxed{5\text{ cm}}", "5", True),  # unit after "\text{ " dropped
+    (r"\boxed{50\%}", "50", True),
+    (r"\boxed{90^\circ}", "90", True),
+    (r"\boxed{\$18}", "18", True),
+    (r"\boxed{\left( 1, 2 \right)}", "(1,2)", True),  # \left, \right and spaces dropped
+    (r"\boxed{\sqrt2}", r"\sqrt{2}", True),
+    (r"\boxed{\frac{1}{2}\!}", r"\frac12", True),
+    (r"the answer is \boxed 7$.", "7", True),  # "\boxed " (a space): up to the next "$"
+    (r"\boxed{3}, no: \boxed{4}", "4", True),  # the last box
+    (r"\boxed{\sqrt}", r"\sqrt", True),  # cannot be normalised: compared as written
+    (r"\boxed{4}, no: \boxed{3}", "4", False),
+    (r"\boxed 7 or \boxed{8}", "8", False),  # a "\boxed " anywhere wins: the answer is "7 or \boxed{8}"
+    (r"\boxed{xy = 5}", "5", False),  # left side of 3 characters kept
+    (r"\boxed{01/2}", r"\frac{1}{2}", False),  # not an integer written plainly
+    (r"\boxed{5\text{ cm}\text{ long}}", "5", False),  # two units: compared as written
+    (r"\boxed{5", "5", False),  # unclosed
+    ("The answer is 5.", "5", False),  # no box
+    (r"\fbox{5}", "5", False),  # found, then rejected (verl: \fbox is not \boxed{...})
+    # math-verify accepts these five (test_math_verify_accepts_what_math_reward_rejects):
+    (r"\boxed{0.25}", r"\frac{1}{4}", False),  # no numeric equivalence
+    (r"\boxed{\frac{2}{4}}", r"\frac{1}{2}", False),
+    (r"\boxed{2\sqrt{2}}", r"\sqrt{8}", False),
+    (r"\boxed{12.0}", "12", False),  # the answer is not rewritten
+]
+
+
+@pytest.mark.parametrize("completion, gold, verdict", MATH_REWARD_CASES)
+def test_math_reward_verdicts(completion, gold, verdict):
+    assert math_reward_correct(completion, gold) is verdict
+    assert score("math_reward", [completion], [gold]) == [verdict]
+
+
+def test_math_reward_normal_form():
+    assert normalize_answer(r"\dfrac12") == r"\frac{1}{2}"
+    assert normalize_answer(r"\\frac{1}{2}") == r"\frac{1}{2}"  # \\ -> \
+    assert normalize_answer(r"50\\%") == "50"
+    assert normalize_answer(" .5") == r"\frac{1}{2}"  # " ." -> " 0.", spaces dropped, 0.5 rewritten
+    assert normalize_answer("k = 3") == "3" and normalize_answer("abc = 3") == "abc=3"
+    assert normalize_answer("10/4") == r"\frac{10}{4}" and normalize_answer("+1/2") == "+1/2"
+    assert normalize_answer(r"\frac1{72}") == r"\frac{1}{72}"
+    assert normalize_answer(r"\frac1") == r"\frac1"  # a one-character tail: the rewrite is abandoned
+    assert normalize_answer("0.50") == "0.50"  # only "0.5" itself
+    with pytest.raises(ValueError):
+        normalize_answer(r"5\text{ cm}\text{ m}")
+    with pytest.raises(ValueError):
+        normalize_answer(r"\sqrt")
+    assert last_boxed_answer(r"a \boxed{\frac{1}{2}} b") == r"\frac{1}{2}"
+    assert last_boxed_answer(r"\boxed{a}\fbox{b}") == "a" and last_boxed_answer(r"\fbox{b}") is None
+
+
+def test_math_reward_gold_answers():
+    """Integer-valued float golds: a number is written as an integer (as the loader does), a decimal string also
+    accepts its integer form; the answer is never rewritten."""
+    assert math_reward_correct(r"\boxed{12}", "12.0") and math_reward_correct(r"\boxed{12.0}", "12.0")
+    assert math_reward_correct(r"\boxed{-3}", "-3.00")
+    assert math_reward_correct(r"\boxed{12}", 12.0) and not math_reward_correct(r"\boxed{12.0}", 12.0)
+    assert not math_reward_correct(r"\boxed{12}", "12.5") and math_reward_correct(r"\boxed{12.5}", 12.5)
+    assert math_reward_correct(r"\boxed{7}", 7) and math_reward_correct(r"\boxed{4}", ["3", "4"])
+    assert not math_reward_correct(r"\boxed{1}", True) and not math_reward_correct(r"\boxed{1}", None)
+    assert not math_reward_correct(r"\boxed{1}", float("nan"))
+    assert math_reward_correct([{"role": "assistant", "content": r"\boxed{2}"}], "2")  # a conversation
+    with pytest.raises(ValueError, match="same length"):
+        score("math_reward", ["a"], [])
+
+
+def test_math_verify_accepts_what_math_reward_rejects():
+    rejected = [(c, g) for c, g, verdict in MATH_REWARD_CASES[-4:]] + [(r"\fbox{5}", "5")]
+    completions, golds = [c for c, _ in rejected], [g for _, g in rejected]
+    assert score("math_verify", completions, golds) == [True] * 5
+    assert score("math_reward", completions, golds) == [False] * 5

@@ -183,7 +183,7 @@ def test_validation_settings_take_the_preset_and_the_overrides():
     assert settings == {
         "benchmarks": ["aime2024", "aime2025", "amc2023"],
         "num_samples": 8,  # the override wins
-        "scorer": {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "math_verify"},
+        "scorer": {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "math_reward"},
         "max_new_tokens": 4096,
         "temperature": 1.0,
         "top_p": 1.0,
@@ -207,7 +207,11 @@ def test_validation_settings_take_the_preset_and_the_overrides():
     [
         ("val_benchmarks", 5, r"val_benchmarks must be a string or a list of strings.*got 5"),
         ("val_benchmarks", [1, 2], r"val_benchmarks must be a string or a list of strings.*got \[1, 2\]"),
-        ("val_scorer", "bogus", r"val_scorer must be one of \['math_verify', 'dapo', 'strict'\].*got 'bogus'"),
+        (
+            "val_scorer",
+            "bogus",
+            r"val_scorer must be one of \['math_verify', 'dapo', 'strict', 'math_reward'\].*got 'bogus'",
+        ),
         ("val_scorer", "aime2024=nope", r"val_scorer\['aime2024'\] must be one of .*got 'nope'"),
         ("val_scorer", 3, r"val_scorer must be a string"),
         ("val_max_problems", 0, r"val_max_problems must be an integer >= 1 or null, got 0"),
@@ -249,3 +253,197 @@ def test_main_validates_during_training_from_recipe_fields(tmp_path, tiny_model_
     assert [entry["step"] for entry in validated] == [1, 2]
     assert all(0.0 <= entry["val/tiny/mean@2"] <= 1.0 for entry in validated)
     assert len([entry for entry in state["log_history"] if "loss" in entry]) == 2  # training logs intact
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Before the model loads: a training set too small for one generation batch; completions beyond the model
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_a_training_set_smaller_than_one_generation_batch_fails_before_the_model_loads(tmp_path, capsys):
+    """16 rows, generation_batch_size 64 / num_generations 4 = 16 prompts per generation batch would fit; 8 rows do
+    not: TRL's sampler would draw no batch, stop at step 0 and save. Refused with status 2, before the (missing)
+    model is looked up."""
+    recipe = _write_recipe(
+        tmp_path, str(tmp_path / "no-such-model"), processes=1, max_train_samples=8, generation_batch_size=64,
+        per_device_train_batch_size=8,
+    )  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--config", str(recipe)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        "the training set has 8 prompts, but one generation batch needs 16 (generation_batch_size 64 / "
+        "num_generations 4, where generation_batch_size = per_device_train_batch_size 8 x steps_per_generation 8 x "
+        "1 process(es))"
+    ) in err
+    assert "Lower generation_batch_size" in err and "add data" in err and "no-such-model" not in err
+
+
+def test_check_dataset_size_at_the_boundary():
+    from trl_bandpo import PolicyLossConfig
+
+    args = PolicyLossConfig(
+        output_dir="unused", use_cpu=True, report_to="none", num_generations=4, per_device_train_batch_size=4,
+        gradient_accumulation_steps=2, generation_batch_size=24,
+    )  # fmt: skip
+    train.check_dataset_size(6, args)  # 24 / 4 = 6 prompts: exactly one generation batch
+    with pytest.raises(train.ConfigError, match="has 5 prompts, but one generation batch needs 6"):
+        train.check_dataset_size(5, args)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_before_the_trainer(monkeypatch):
+    def stop(policy_loss):
+        raise _Stop
+
+    monkeypatch.setattr(train, "trainer_class_for", stop)
+
+
+def test_completions_beyond_the_models_positions_warn(tmp_path, tiny_model_dir, monkeypatch):
+    """The tiny model has 512 positions: 600 completion tokens alone exceed them."""
+    _stop_before_the_trainer(monkeypatch)
+    recipe = _write_recipe(tmp_path, tiny_model_dir, processes=1, max_completion_length=600)
+    with pytest.warns(UserWarning, match=r"max_completion_length 600 = 600 tokens exceed the 512 positions"):
+        with pytest.raises(_Stop):
+            train.main(["--config", str(recipe)])
+
+
+@pytest.mark.parametrize("completion, warns", [(480, True), (479, False)])
+def test_the_longest_prompt_counts_when_it_is_measured(tmp_path, tiny_model_dir, monkeypatch, completion, warns):
+    """With max_prompt_tokens the prompts are measured: "What is 8 + 2?" (14 bytes, no instruction) in the ChatML
+    template is <|im_start|> + "user\\n" (5) + 14 + <|im_end|> + "\\n" + <|im_start|> + "assistant\\n" (10) = 33
+    tokens of the byte-level tokenizer, so 33 + 480 = 513 > 512 warns and 33 + 479 = 512 does not."""
+    import warnings
+
+    _stop_before_the_trainer(monkeypatch)
+    recipe = _write_recipe(
+        tmp_path, tiny_model_dir, processes=1, max_completion_length=completion, max_prompt_tokens=64,
+        instruction=None,
+    )  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(_Stop):
+            train.main(["--config", str(recipe)])
+    messages = [str(w.message) for w in caught if "positions" in str(w.message)]
+    if warns:
+        assert messages and messages[0].startswith(
+            "the longest prompt (33 tokens) + max_completion_length 480 = 513 tokens exceed the 512 positions"
+        )
+    else:
+        assert not messages
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Library messages that are not the user's to act on
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_library_noise_is_filtered_narrowly():
+    """The four transformers FutureWarnings about TRL's gradient_checkpointing use and DeepSpeed's CPU line are
+    dropped inside the block, from their own module or re-attributed to a caller; other warnings, other DeepSpeed
+    lines, and everything after the block pass."""
+    import logging
+    import warnings
+
+    from trl_bandpo.cli.quiet import LIBRARY_FUTURE_WARNINGS, library_noise_filtered
+
+    noise = (
+        "`is_gradient_checkpointing` is deprecated and will be removed in v6. Use `is_activation_checkpointing` "
+        "instead."
+    )
+    assert noise in LIBRARY_FUTURE_WARNINGS and len(LIBRARY_FUTURE_WARNINGS) == 4
+    deepspeed = logging.getLogger("DeepSpeed")
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = Keep()
+    deepspeed.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with library_noise_filtered():
+                for module in ("transformers.modeling_utils", "__main__"):
+                    warnings.warn_explicit(noise, FutureWarning, "modeling_utils.py", 3312, module=module)
+                warnings.warn_explicit(noise + " Extra.", FutureWarning, "x.py", 1, module="transformers.x")
+                warnings.warn_explicit(noise, DeprecationWarning, "x.py", 1, module="transformers.x")
+                deepspeed.warning(
+                    "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+                )
+                deepspeed.warning("another DeepSpeed line")
+            warnings.warn_explicit(
+                noise, FutureWarning, "modeling_utils.py", 3312, module="transformers.modeling_utils"
+            )
+            deepspeed.warning(
+                "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+            )
+    finally:
+        deepspeed.removeHandler(handler)
+    kept = [(str(w.message), w.category) for w in caught]
+    assert kept == [(noise + " Extra.", FutureWarning), (noise, DeprecationWarning), (noise, FutureWarning)]
+    assert records == [
+        "another DeepSpeed line",
+        "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.",
+    ]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The documented CPU command, run exactly as written
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _documented_cpu_commands() -> list[str]:
+    import re
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    blocks = [b for b in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL) if "trl-bandpo tiny-model" in b]
+    assert len(blocks) == 1
+    joined = re.sub(r"\s*\\\n\s*", " ", blocks[0])
+    return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def test_the_documented_cpu_command_runs_a_recipe_offline_in_about_a_minute(tmp_path):
+    """docs/training.md's two commands (README's are the same, tests/test_docs.py), run as written but for the
+    folder (/tmp/tiny -> a temporary one) and `trl-bandpo` (this environment's): the recipe trains its two steps,
+    offline, well within the time a newcomer waits, with no library noise and no warning about positions."""
+    import shlex
+    import time
+
+    make, train_line = _documented_cpu_commands()
+    folder = str(tmp_path / "tiny")
+    executable = str(Path(sys.executable).with_name("trl-bandpo"))
+
+    def command(line: str):
+        args = shlex.split(line.replace("/tmp/tiny", folder))
+        env = {**os.environ, "HF_HUB_OFFLINE": "0"}  # whatever the suite sets: the command's own assignment counts
+        while "=" in args[0]:
+            name, _, value = args.pop(0).partition("=")
+            env[name] = value
+        assert args[0] == "trl-bandpo"
+        return [executable, *args[1:]], env
+
+    argv, env = command(make)
+    made = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-3000:]
+    recipe = shlex.split(train_line)[shlex.split(train_line).index("--config") + 1]
+    printed = made.stdout.strip().splitlines()[-1]
+    assert printed.replace("--config RECIPE", f"--config {recipe}") == train_line.replace("/tmp/tiny", folder)
+
+    argv, env = command(train_line)
+    assert env["HF_HUB_OFFLINE"] == "1"
+    started = time.monotonic()
+    trained = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    seconds = time.monotonic() - started
+    output = trained.stdout + trained.stderr
+    assert trained.returncode == 0, output[-3000:]
+    assert seconds < 180, f"{seconds:.0f} s"
+    state = json.loads((tmp_path / "tiny" / "run" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and len([e for e in state["log_history"] if "loss" in e]) == 2
+    for noise in ("FutureWarning", "Setting accelerator to CPU", "exceed the", "Traceback"):
+        assert noise not in output, noise

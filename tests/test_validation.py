@@ -145,7 +145,8 @@ def test_factory_returns_none_without_benchmarks_and_names_recipe_fields(bench):
         ({"every_steps": 0}, "val_every_steps must be an integer >= 1, got 0"),
         ({"num_samples": 0}, "val_num_samples must be an integer >= 1, got 0"),
         ({"max_new_tokens": -1}, "val_max_new_tokens must be an integer >= 1, got -1"),
-        ({"scorer": "prime"}, r"val_scorer must be one of \['math_verify', 'dapo', 'strict'\]"),
+        ({"scorer": "prime"}, r"val_scorer must be one of \['math_verify', 'dapo', 'strict', 'math_reward'\]"),
+        ({"timeout_s": "5"}, "timeout_s must be None or a finite number of seconds > 0, got '5'"),
         ({"scorer": "other=dapo"}, "val_scorer has no scorer for benchmark 'tiny'"),
         ({"temperature": -1.0}, "temperature must be a finite number >= 0, got -1.0"),
         ({"prompt_template": "chatml"}, r"prompt_template must be one of \['boxed', 'dapo'\]"),
@@ -157,6 +158,34 @@ def test_factory_returns_none_without_benchmarks_and_names_recipe_fields(bench):
             validation_callback_from_settings(str(bench), **kwargs)
     with pytest.raises(ValueError, match="val_benchmarks: .*no-such.jsonl"):
         validation_callback_from_settings(["no-such.jsonl"])
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"timeout_s": "5"}, "timeout_s must be None or a finite number of seconds > 0, got '5'"),
+        ({"timeout_s": [5]}, r"timeout_s must be None or a finite number of seconds > 0, got \[5\]"),
+        ({"at_start": "no"}, "at_start must be True or False, got 'no'"),
+        ({"at_end": 1}, "at_end must be True or False, got 1"),
+        (
+            {"benchmarks": 5},
+            r"benchmarks must be a registry name, a local file or name=path, a list of them, or a "
+            r"mapping name -> Dataset or path, got 5",
+        ),
+        ({"benchmarks": [5]}, r"benchmarks must be .*, got \[5\]"),
+        ({"benchmarks": {"a": 5}}, r"benchmarks must be .*, got \{'a': 5\}"),
+        ({"argument_names": 5}, r"argument_names must be None or a mapping argument -> name \(strings\), got 5"),
+        ({"trainer": 5}, r"trainer must be a transformers Trainer \(such as BandPOTrainer\) to attach to, got 5"),
+        ({"seed": "0"}, "seed must be an integer >= 0, got '0'"),
+        ({"batch_size": 2.0}, "batch_size must be an integer >= 1, got 2.0"),
+    ],
+)
+def test_every_argument_is_checked_with_a_clear_value_error(bench, kwargs, message):
+    """A value of the wrong type is a ValueError naming the argument, the value and what is allowed, not a bare
+    TypeError from deep inside (``timeout_s='5'`` used to raise "'<' not supported between ...")."""
+    arguments = {"benchmarks": [str(bench)], "num_samples": 2, "max_new_tokens": 4} | kwargs
+    with pytest.raises(ValueError, match=message):
+        ValidationCallback(**arguments)
 
 
 # ------------------------------------------------------------------------------------------------------------------

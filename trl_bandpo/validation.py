@@ -26,6 +26,7 @@ The callback needs its trainer (its model, engine and logger): `ValidationCallba
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -62,6 +63,30 @@ def _vllm_engine(trainer) -> str | None:
     return None
 
 
+def _check_benchmarks_argument(benchmarks: Any, argument: str) -> None:
+    """`benchmarks` is a string, a list of strings or paths, or a mapping name -> Dataset or path; ValueError naming
+    `argument`, the value and what is allowed otherwise (before anything is loaded)."""
+    from datasets import Dataset
+
+    allowed = "a registry name, a local file or name=path, a list of them, or a mapping name -> Dataset or path"
+    if isinstance(benchmarks, str):
+        return
+    if isinstance(benchmarks, Mapping):
+        bad = [
+            (key, value)
+            for key, value in benchmarks.items()
+            if not isinstance(key, str) or not isinstance(value, (str, os.PathLike, Dataset))
+        ]
+        if not bad:
+            return
+    elif isinstance(benchmarks, Sequence) and not isinstance(benchmarks, bytes):
+        if all(isinstance(entry, (str, os.PathLike)) for entry in benchmarks):
+            return
+    elif isinstance(benchmarks, os.PathLike):
+        return
+    raise ValueError(f"{argument} must be {allowed}, got {benchmarks!r}")
+
+
 class ValidationCallback(TrainerCallback):
     r"""Sample the current policy on validation benchmarks every `every_steps` optimizer steps and log mean@k.
 
@@ -95,13 +120,18 @@ class ValidationCallback(TrainerCallback):
         seed (`int`, *optional*, defaults to `0`):
             Base seed of the validation sampler (combined with the step and the process).
         at_start, at_end (`bool`, *optional*, default to `False` / `True`):
-            Also validate before the first step (verl's ``val_before_train``) / at the last step.
+            Also validate before the first step / at the last step. ``at_start=True`` is verl's
+            ``trainer.val_before_train``, which verl (and the BandPO authors' scripts) leave on; it is off here by
+            default, since it costs one more full validation.
         timeout_s (`float`, *optional*):
             Limit per answer of the ``"math_verify"`` and ``"strict"`` scorers (None: their defaults).
         trainer (`transformers.Trainer`, *optional*):
             Attach to this trainer at once (see `attach`).
         argument_names (`dict[str, str]`, *optional*):
             How messages name each argument (e.g. `RECIPE_FIELDS`).
+
+    Every argument is checked when the callback is built: a bad value raises ValueError naming the argument (or
+    its recipe field, see `argument_names`), the value and what is allowed.
     """
 
     def __init__(
@@ -130,11 +160,19 @@ class ValidationCallback(TrainerCallback):
         from .data.prompts import check_prompt_template
         from .evaluation import load_benchmarks
 
+        if argument_names is not None and (
+            not isinstance(argument_names, Mapping)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in argument_names.items())
+        ):
+            raise ValueError(
+                f"argument_names must be None or a mapping argument -> name (strings), got {argument_names!r}"
+            )
         names = dict(argument_names or {})
 
         def name(key: str) -> str:
             return names.get(key, key)
 
+        _check_benchmarks_argument(benchmarks, name("benchmarks"))
         _check_count(name("every_steps"), every_steps, 1)
         self.ks = check_sampling(
             num_samples, [num_samples] if ks is None else ks, max_new_tokens, temperature, top_p, top_k, names
@@ -145,8 +183,13 @@ class ValidationCallback(TrainerCallback):
         _check_count(name("seed"), seed, 0)
         if backend not in _BACKENDS:
             raise ValueError(f"{name('backend')} must be one of {list(_BACKENDS)}, got {backend!r}")
-        if timeout_s is not None and (isinstance(timeout_s, bool) or not 0 < timeout_s < math.inf):
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf
+        ):
             raise ValueError(f"{name('timeout_s')} must be None or a finite number of seconds > 0, got {timeout_s!r}")
+        for flag, value in (("at_start", at_start), ("at_end", at_end)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name(flag)} must be True or False, got {value!r}")
         check_prompt_template(prompt_template, name("prompt_template"))
         scorer = check_scorer(scorer, name("scorer"))
         if not benchmarks:
@@ -174,6 +217,10 @@ class ValidationCallback(TrainerCallback):
         Raises:
             ValueError: ``backend="vllm"`` while the trainer has no vLLM engine (``use_vllm=False``).
         """
+        if not callable(getattr(trainer, "add_callback", None)) or not hasattr(trainer, "callback_handler"):
+            raise ValueError(
+                f"trainer must be a transformers Trainer (such as BandPOTrainer) to attach to, got {trainer!r}"
+            )
         engine = _vllm_engine(trainer)
         if self.backend == "vllm" and engine is None:
             raise ValueError(
@@ -392,7 +439,8 @@ def validation_callback_from_settings(
         return None
     if not isinstance(benchmarks, str) and len(benchmarks) == 0:
         return None
-    names = {**RECIPE_FIELDS, **kwargs.pop("argument_names", {})}
+    extra_names = kwargs.pop("argument_names", None)
+    names = {**RECIPE_FIELDS, **extra_names} if isinstance(extra_names, Mapping) else extra_names or RECIPE_FIELDS
     return ValidationCallback(
         benchmarks, every_steps, num_samples, parse_scorer(scorer), max_new_tokens,
         trainer=trainer, argument_names=names, **kwargs,

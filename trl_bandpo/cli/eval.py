@@ -2,7 +2,10 @@ r"""`trl-bandpo eval`: mean@n and pass@k of a model on math benchmarks (`trl_ban
 
 Every argument is checked, and the benchmarks are loaded, before the model is: a bad value exits at once with
 status 2 and an argparse message naming the flag, the value and what is allowed, instead of failing after hours of
-generation. Samples are written to ``samples_<benchmark>.jsonl`` batch by batch as they are scored.
+generation. Before the model is loaded, the effective settings are printed (`describe_settings`); without
+``--preset`` they are the built-in `DEFAULTS` (sampling at temperature 1.0 / top-p 1.0, as both papers sample, but
+no paper's benchmarks, prompt and scorers together). Samples are written to ``samples_<benchmark>.jsonl`` batch by
+batch as they are scored. The tables printed at the end are in percent, a preset's paper estimator first.
 """
 
 from __future__ import annotations
@@ -16,13 +19,12 @@ from typing import Any
 
 from ..data import PROMPT_TEMPLATES
 from ..evaluation import (
-    BEST_LABEL,
     DTYPES,
     EVAL_PRESETS,
-    PASS_LABEL,
     SCORERS,
     check_device,
     check_output_dir,
+    default_ks,
     evaluate,
     load_benchmarks,
     preset_settings,
@@ -30,7 +32,7 @@ from ..evaluation import (
     write_markdown,
 )
 
-__all__ = ["DEFAULTS", "build_parser", "eval_main", "resolve_settings"]
+__all__ = ["DEFAULTS", "build_parser", "describe_settings", "eval_main", "resolve_settings"]
 
 
 def _integer(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
@@ -68,14 +70,15 @@ def _number(
     return parse
 
 
-# The built-in defaults of the flags a preset may set (used when neither the flag nor a preset gives a value).
+# The built-in defaults of the flags a preset may set (used when neither the flag nor a preset gives a value). The
+# sampling is both papers' (temperature 1.0, top-p 1.0, no top-k); the rest is no paper's protocol as a whole.
 DEFAULTS = {
     "benchmarks": ["aime2024", "aime2025", "amc2023"],
     "num_samples": 32,
     "ks": None,
     "max_new_tokens": 4096,
-    "temperature": 0.6,
-    "top_p": 0.95,
+    "temperature": 1.0,
+    "top_p": 1.0,
     "top_k": None,
     "prompt_template": "boxed",
     "scorer": "math_verify",
@@ -105,9 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=list(EVAL_PRESETS),
         default=None,
         help="apply an evaluation protocol (docs/evaluation.md): bandpo (AIME 2024/2025 + AMC 2023, DAPO prompt, "
-        "32 samples at T=1.0/top-p 1.0, 4,096 new tokens, AIME by the dapo scorer, AMC by math_verify) or dgpo "
+        "32 samples at T=1.0/top-p 1.0, 4,096 new tokens, AIME by the dapo scorer, AMC by math_reward) or dgpo "
         "(six benchmarks, boxed prompt, 32 samples at T=1.0/top-p 1.0, 8,192 new tokens, strict scorer, pass@1..32). "
-        "Flags given explicitly override the preset's values; results.json records the effective settings.",
+        "Flags given explicitly override the preset's values; results.json records the effective settings. Results "
+        "show the estimator the paper reports (bootstrap best@k) first.",
     )
     parser.add_argument(
         "--benchmarks",
@@ -131,13 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--max-new-tokens", type=_integer(1), default=None, help="default: 4096, or the preset's")
     parser.add_argument(
-        "--temperature", type=_number(0.0), default=None, help="0: greedy decoding (default: 0.6, or the preset's)"
+        "--temperature", type=_number(0.0), default=None, help="0: greedy decoding (default: 1.0, or the preset's)"
     )
     parser.add_argument(
         "--top-p",
         type=_number(0.0, 1.0, low_open=True, high_open=False),
         default=None,
-        help="default: 0.95, or the preset's",
+        help="default: 1.0, or the preset's",
     )
     parser.add_argument(
         "--top-k", type=_integer(1), default=None, help="sample among the k likeliest tokens (default: no top-k)"
@@ -172,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout-s",
         type=_number(0.0, low_open=True),
         default=None,
-        help="time limit per answer of the math_verify and strict scorers (default: 2 and 10 s)",
+        help="time limit per answer of the math_verify and strict scorers (default: 2 and 10 s; dapo and "
+        "math_reward take none)",
     )
     parser.add_argument("--no-samples", action="store_true", help="do not write samples_<benchmark>.jsonl")
     parser.add_argument("--tensor-parallel-size", type=_integer(1), default=None, help="vLLM tensor parallelism")
@@ -242,14 +247,43 @@ def _check_scorers(parser: argparse.ArgumentParser, args: argparse.Namespace, sc
     for benchmark, _ in args.scorer or ():
         if benchmark is not None and (resolve_dataset_name(benchmark) or benchmark) not in known:
             parser.error(f"argument --scorer: {benchmark!r} is not a benchmark of this run (benchmarks: {names})")
+    if isinstance(scorer, dict) and "*" not in scorer:  # a benchmark the mapping does not name: say what to add
+        covered = set(scorer)
+        missing = [name for name in names if name not in covered and resolve_dataset_name(name) not in covered]
+        if missing:
+            origin = f"--preset {args.preset} scores only" if args.preset else "--scorer names only"
+            parser.error(
+                f"argument --scorer: benchmark {missing[0]!r} has no scorer ({origin} {sorted(covered)}): a custom "
+                f"benchmark needs --scorer {missing[0]}=NAME (or one NAME for every benchmark), NAME one of "
+                f"{list(SCORERS)}"
+            )
     try:
         scorers_for(scorer, names, argument="--scorer")
     except ValueError as err:
         parser.error(f"argument {err}")
 
 
+def describe_settings(settings: dict[str, Any], benchmarks: Sequence[str], seed: int) -> str:
+    """One line with exactly what a run uses (printed before the model is loaded), and where it comes from."""
+    top_k = "no top-k" if settings["top_k"] is None else f"top-k {settings['top_k']}"
+    ks = list(settings["ks"] or default_ks(settings["num_samples"]))
+    scorers = ", ".join(f"{name}: {scorer}" for name, scorer in scorers_for(settings["scorer"], benchmarks).items())
+    origin = (
+        f"preset {settings['preset']}; flags given explicitly override it"
+        if settings["preset"]
+        else "no --preset: built-in defaults, not a paper's protocol; --preset bandpo or dgpo applies one"
+    )
+    return (
+        f"Settings ({origin}): {settings['num_samples']} samples per problem at temperature "
+        f"{settings['temperature']}, top-p {settings['top_p']}, {top_k}, seed {seed}; at most "
+        f"{settings['max_new_tokens']} new tokens; prompt template {settings['prompt_template']}; scorers "
+        f"{scorers}; k of pass@k and best@k {ks}"
+    )
+
+
 def eval_main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``trl-bandpo eval ...``); prints the Markdown tables and returns 0.
+    """Command-line entry point (``trl-bandpo eval ...``); prints the settings, then the Markdown tables (in %, a
+    preset's paper estimator first), and returns 0.
 
     ``--preset`` fills every preset-able flag not given explicitly (`resolve_settings`); results.json records the
     effective settings and the preset's name. Bad arguments, and benchmarks that cannot be loaded, exit with status
@@ -266,6 +300,7 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ConnectionError) as err:
         parser.error(f"argument --benchmarks: {err}")
     _check_scorers(parser, args, settings["scorer"], list(benchmarks))
+    print(describe_settings(settings, list(benchmarks), args.seed), flush=True)
     vllm_kwargs = {
         key: value
         for key, value in (
@@ -291,7 +326,8 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
         vllm_kwargs=vllm_kwargs,
     )
     ks, n = results["settings"]["ks"], results["settings"]["num_samples"]
-    print(f"{PASS_LABEL}\n" + write_markdown(results["benchmarks"], ks, n), end="")
-    print(f"{BEST_LABEL}\n" + write_markdown(results["benchmarks"], ks, n, estimator="best"), end="")
+    for key, label in results["estimators"].items():  # a preset's paper estimator first
+        table = write_markdown(results["benchmarks"], ks, n, estimator=key.partition("@")[0])
+        print(f"{label}, values in %:\n{table}", end="")
     print(f"Wrote {Path(args.output_dir) / 'results.json'} and results.md")
     return 0

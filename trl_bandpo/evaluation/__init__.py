@@ -2,15 +2,16 @@ r"""Sampling evaluation of math models: mean@k, the unbiased pass@k and verl's b
 
 `evaluate` draws `num_samples` completions per problem (vLLM when installed, else ``transformers.generate``;
 `trl_bandpo.evaluation.generation`), scores each with a named checker (`trl_bandpo.evaluation.scorers`: by default
-``"math_verify"``, the 1/0 math_verify reward on the last ``\boxed{}``; also ``"dapo"``, the ``Answer:`` line, and
-``"strict"``, the conservative ``prime_math`` rules; one per benchmark if need be), and reports per benchmark
-(`trl_bandpo.evaluation.summary`):
+``"math_verify"``, the 1/0 math_verify reward on the last ``\boxed{}``; also ``"dapo"``, the ``Answer:`` line,
+``"strict"``, the conservative ``prime_math`` rules, and ``"math_reward"``, verl's Hendrycks MATH string check; one per
+benchmark if need be), and reports per benchmark (`trl_bandpo.evaluation.summary`):
 
 * ``mean@n``: mean accuracy over all n samples of all problems (the papers' "Avg@32" / "mean@32"),
 * ``pass@k`` (unbiased): ``1 - C(n-c, k) / C(n, k)`` averaged over problems, for each k in `ks` (c = correct
   samples of the problem). pass@1 equals mean@n.
 * ``best@k`` (bootstrap, as verl logs): ``1 - (1 - c/n)^k`` averaged over problems, the closed form of verl's
-  ``best@k/mean`` (k samples drawn with replacement). docs/evaluation.md compares the two estimators.
+  ``best@k/mean`` (k samples drawn with replacement). docs/evaluation.md compares the two estimators. Both papers'
+  Pass@32 is this one: with a preset, results show it first, labelled as the paper's metric (`estimator_labels`).
 
 `EVAL_PRESETS` holds the two papers' protocols (``"bandpo"``, ``"dgpo"``); `preset_settings` turns one into
 `evaluate` arguments. Every setting, and the output folder, is checked before the model is loaded. Results go to
@@ -32,7 +33,7 @@ from typing import Any
 from . import generation
 from .checks import DTYPES, check_device, check_output_dir, check_settings
 from .generation import resolve_backend
-from .presets import EVAL_PRESETS, get_preset, preset_settings
+from .presets import EVAL_PRESETS, estimator_labels, get_preset, preset_settings
 from .scorers import DEFAULT_TIMEOUTS, SCORERS, check_scorer, score, scorers_for
 from .summary import (
     BEST_LABEL,
@@ -59,6 +60,7 @@ __all__ = [
     "check_output_dir",
     "check_scorer",
     "default_ks",
+    "estimator_labels",
     "evaluate",
     "get_preset",
     "load_benchmarks",
@@ -140,21 +142,28 @@ def _timeout(scorer: str, timeout_s: float | None) -> float | None:
 
 
 def write_results_markdown(results: Mapping[str, Any]) -> str:
-    """``results.md`` of an `evaluate` result: the settings, then one table per estimator, each labelled."""
+    """``results.md`` of an `evaluate` result: the settings, then one table per estimator, each labelled, in the order
+    of ``results["estimators"]`` (a preset's paper estimator first, `estimator_labels`)."""
     settings, metrics = results["settings"], results["benchmarks"]
     ks, n = settings["ks"], settings["num_samples"]
     top_k = "no top-k" if settings.get("top_k") is None else f"top-k {settings['top_k']}"
     scorers = ", ".join(f"{name}: {scorer}" for name, scorer in settings.get("scorer", {}).items())
     preset = f" Preset `{settings['preset']}`." if settings.get("preset") else ""
+    labels = results.get("estimators") or estimator_labels(settings.get("preset"))
+    formulas = {
+        "pass@k": "`pass@k` = 1 - C(n-c, k)/C(n, k): k of the n samples drawn without replacement.",
+        "best@k": "`best@k` = 1 - (1 - c/n)^k: k samples drawn with replacement (verl's `best@k/mean`).",
+    }
+    tables = "".join(
+        f"\n## {label}\n\n{formulas[key]} Values in %.\n\n"
+        + write_markdown(metrics, ks, n, estimator=key.partition("@")[0])
+        for key, label in labels.items()
+    )
     return (
         f"# Evaluation of `{results['model']}`\n\n{n} samples per problem, temperature {settings['temperature']}, "
         f"top-p {settings['top_p']}, {top_k}, max {settings['max_new_tokens']} new tokens, "
         f"prompt template {settings.get('prompt_template', 'boxed')}, backend {settings['backend']}.{preset} "
-        f"Scorers: {scorers}. Values in %.\n\n"
-        f"## {PASS_LABEL}\n\n`pass@k` = 1 - C(n-c, k)/C(n, k): k of the n samples drawn without replacement.\n\n"
-        + write_markdown(metrics, ks, n)
-        + f"\n## {BEST_LABEL}\n\n`best@k` = 1 - (1 - c/n)^k: k samples drawn with replacement (verl's "
-        "`best@k/mean`).\n\n" + write_markdown(metrics, ks, n, estimator="best")
+        f"Scorers: {scorers}. Values in %.\n" + tables
     )
 
 
@@ -164,8 +173,8 @@ def evaluate(
     num_samples: int = 32,
     ks: Sequence[int] | None = None,
     max_new_tokens: int = 4096,
-    temperature: float = 0.6,
-    top_p: float = 0.95,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
     backend: str = "auto",
     output_dir: str | os.PathLike | None = None,
     *,
@@ -191,19 +200,19 @@ def evaluate(
         num_samples: completions per problem (n). The papers use 32.
         ks: pass@k / best@k values to report (default `default_ks(num_samples)`); each must be <= num_samples.
         max_new_tokens: generation budget per completion.
-        temperature / top_p: sampling settings (defaults 0.6 / 0.95, DeepSeek-R1's evaluation settings; 1.0 / 1.0
-            reproduces the training sampler, as both presets do). temperature 0 decodes greedily once and repeats
-            the completion.
+        temperature / top_p: sampling settings (defaults 1.0 / 1.0, both papers' values: the training sampler).
+            temperature 0 decodes greedily once and repeats the completion.
         backend: "vllm", "transformers", or "auto" (vLLM when importable).
         output_dir: where ``results.json``, ``results.md`` and samples go (None: nothing is written). Created, and
             checked to be writable, before the model is loaded.
         top_k: sample among the k most likely tokens only (None: no top-k).
         prompt_template: "boxed" (problem + boxed instruction) or "dapo" (DAPO's "Answer:" template) for benchmarks
             given by name or path (`trl_bandpo.data.PROMPT_TEMPLATES`).
-        scorer: a name of `SCORERS` (``"math_verify"``, ``"dapo"``, ``"strict"``) for every benchmark, or a
-            mapping benchmark -> name (key ``"*"``: the others). Checked before the model is loaded.
-        preset: the `EVAL_PRESETS` name these settings come from, recorded in results.json; it sets nothing itself
-            (`preset_settings` gives a preset's arguments).
+        scorer: a name of `SCORERS` (``"math_verify"``, ``"dapo"``, ``"strict"``, ``"math_reward"``) for every
+            benchmark, or a mapping benchmark -> name (key ``"*"``: the others). Checked before the model is loaded.
+        preset: the `EVAL_PRESETS` name these settings come from, recorded in results.json; it sets no setting
+            itself (`preset_settings` gives a preset's arguments), but orders and labels the estimators
+            (`estimator_labels`: the one its paper reports first).
         seed: sampling seed, in [0, 2**32). dtype: model dtype, one of `DTYPES`.
         batch_size: sequences per ``generate`` call (transformers backend).
         device: torch device for the transformers backend (default: cuda if available, else cpu).
@@ -216,7 +225,8 @@ def evaluate(
 
     Returns:
         ``{"model", "settings", "estimators", "benchmarks": {name: summarize_correctness(...)}}`` (also
-        ``results.json``); ``settings["scorer"]`` is the scorer of each benchmark.
+        ``results.json``); ``settings["scorer"]`` is the scorer of each benchmark, ``estimators`` maps
+        ``"pass@k"`` and ``"best@k"`` to their labels in the order results show them (`estimator_labels`).
 
     Raises:
         ValueError: a bad setting, output folder or benchmark, found before the model is loaded.
@@ -279,7 +289,7 @@ def evaluate(
             "max_problems": max_problems,
             "generation_seconds": round(generation_s, 3),
         },
-        "estimators": {"pass@k": PASS_LABEL, "best@k": BEST_LABEL},
+        "estimators": estimator_labels(preset),
         "benchmarks": metrics,
     }
     if out is not None:

@@ -7,12 +7,16 @@ winning over the preset's.
 * ``"bandpo"``: the BandPO paper's validation (arXiv:2603.04918, §4 "Experimental Setup") as the authors' public
   verl scripts run it: AIME 2024, AIME 2025 and AMC 2023 in DAPO's "Answer:" prompt template, 32 samples at
   temperature 1.0 and top-p 1.0 without top-k, 4,096 new tokens; AIME scored by verl's ``math_dapo`` rule (the
-  ``"dapo"`` scorer), AMC by a boxed-answer check (verl's ``math_reward`` there, ``"math_verify"`` here).
+  ``"dapo"`` scorer), AMC by verl's ``math_reward`` rule (the ``"math_reward"`` scorer).
 * ``"dgpo"``: the DGPO paper's evaluation (arXiv:2603.14389, §5.1 and Appendices B-C): AIME24/25 (math-ai copies),
   AMC23, MATH500, Minerva and OlympiadBench, Avg@32, Pass@32 and Pass@k for k = 1..32, 8,192 new tokens, scored by
   the conservative ``prime_math`` rules (the ``"strict"`` scorer). The paper states temperature 1.0 and top-p 1.0
   for rollout generation and no separate evaluation sampling; the preset uses the same values (our choice), no
   top-k, and the boxed prompt (also our choice: ``prime_math`` grades the last ``\boxed{}``).
+
+``estimator`` names which of our two estimators the paper reports as its Pass@32 (``"best"``, verl's bootstrap
+best@k, for both; ``sources["estimator"]`` says why), ``paper_metric`` what the paper calls it and ``paper`` the
+paper; results show that estimator first, labelled as the paper's metric (`estimator_labels`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-__all__ = ["EVAL_PRESETS", "PRESET_SETTINGS", "get_preset", "preset_settings"]
+from .summary import BEST_LABEL, PASS_LABEL
+
+__all__ = ["EVAL_PRESETS", "PRESET_SETTINGS", "estimator_labels", "get_preset", "preset_settings"]
 
 _BANDPO = "BandPO (arXiv:2603.04918)"
 _BANDPO_SCRIPTS = "the BandPO authors' verl scripts (github.com/OpenMOSS/BandPO, RLtraining/verl/baselinescripts)"
@@ -32,7 +38,9 @@ EVAL_PRESETS: dict[str, dict[str, Any]] = {
         "description": (
             "BandPO's validation protocol: AIME 2024, AIME 2025 and AMC 2023 in DAPO's prompt template, 32 samples "
             "at temperature 1.0 / top-p 1.0 without top-k, 4,096 new tokens; AIME scored by the DAPO 'Answer:' rule, "
-            "AMC by boxed-answer equivalence, as the authors' verl validation did (mean@32 and pass@32 reported)."
+            "AMC by verl's math_reward rule (Hendrycks MATH string normalisation of the last \\boxed{} answer), as "
+            "the authors' verl validation did (mean@32 and pass@32 reported; their pass@32 is verl's bootstrap "
+            "best@32)."
         ),
         "benchmarks": ["aime2024", "aime2025", "amc2023"],
         "prompt_template": "dapo",
@@ -41,8 +49,11 @@ EVAL_PRESETS: dict[str, dict[str, Any]] = {
         "top_k": None,
         "num_samples": 32,
         "max_new_tokens": 4096,
-        "scorer": {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "math_verify"},
+        "scorer": {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "math_reward"},
         "ks": [1, 2, 4, 8, 16, 32],
+        "paper": "BandPO",
+        "estimator": "best",
+        "paper_metric": "pass@32",
         "sources": {
             "benchmarks": f"{_BANDPO}, §4: validated on AMC 2023, AIME 2024, AIME 2025; {_BANDPO_SCRIPTS}: "
             "data.val_files",
@@ -54,8 +65,14 @@ EVAL_PRESETS: dict[str, dict[str, Any]] = {
             "num_samples": f"{_BANDPO}, §4: mean@32 and pass@32; scripts: rollout.val_kwargs.n=32",
             "max_new_tokens": f"{_BANDPO_SCRIPTS}: data.max_response_length=4096 (the '-L4k' runs)",
             "scorer": f"{_BANDPO_SCRIPTS}: AIME rows have data_source 'aime_*', scored by verl's math_dapo; AMC rows "
-            "'lighteval/MATH', scored by verl's math_reward (last \\boxed{} answer)",
+            "'lighteval/MATH', scored by verl's math_reward (last \\boxed{} answer, Hendrycks MATH string "
+            "normalisation; the 'math_reward' scorer)",
             "ks": "powers of two up to 32: verl logs best@2..best@32, the paper reports pass@32",
+            "estimator": f"{_BANDPO}, §4 reports mean@32 and pass@32 from the authors' verl validation "
+            "(trainer.test_freq=5, rollout.val_kwargs.n=32); their verl's validation metrics "
+            "(process_validation_metrics) are mean@N and the bootstrap best@N/worst@N/maj@N only, with no unbiased "
+            "pass@k, so their pass@32 is best@32/mean (inferred from the pipeline; unlike DGPO's, not checked "
+            "against the reported values)",
         },
     },
     "dgpo": {
@@ -75,6 +92,9 @@ EVAL_PRESETS: dict[str, dict[str, Any]] = {
         "max_new_tokens": 8192,
         "scorer": "strict",
         "ks": list(range(1, 33)),
+        "paper": "DGPO",
+        "estimator": "best",
+        "paper_metric": "P@32 and Pass@k",
         "sources": {
             "benchmarks": f"{_DGPO}, §5.1 and Appendix B.2 (AIME24, AIME25, AMC23, MATH500, Minerva, "
             "OlympiadBench); AIME from math-ai/aime24 and math-ai/aime25",
@@ -88,6 +108,9 @@ EVAL_PRESETS: dict[str, dict[str, Any]] = {
             "max_new_tokens": f"{_DGPO}, Appendix B.2: maximum response length 8192",
             "scorer": f"{_DGPO}, §5.1: 'a conservative method prime_math is used for evaluation'",
             "ks": f"{_DGPO}, §5.2 and Appendix C.3: Pass@K for K = 1..32",
+            "estimator": f"{_DGPO}: 38 of its 42 P@32 values on AIME24, AIME25 and AMC23 are multiples of neither "
+            "1/30 nor 1/40, which the unbiased pass@32 of 32 samples (the share of problems solved at least once) "
+            "always is: they are verl's bootstrap best@32",
         },
     },
 }
@@ -104,6 +127,32 @@ PRESET_SETTINGS = (
     "scorer",
     "ks",
 )
+
+
+def estimator_labels(preset: str | None = None) -> dict[str, str]:
+    """The two estimators (``"pass@k"``, ``"best@k"``) -> the label results give them, in the order they are shown.
+
+    Without a preset: the unbiased pass@k first (`PASS_LABEL`), then the bootstrap best@k (`BEST_LABEL`). With one:
+    the estimator its paper reports first, labelled as that paper's metric, then the other, labelled as not it.
+
+    Example:
+
+    ```python
+    >>> list(estimator_labels("dgpo").values())
+    ["best@k (bootstrap; the DGPO paper's P@32 and Pass@k)", "pass@k (unbiased; not the DGPO paper's estimator)"]
+    ```
+    """
+    if preset is None:
+        return {"pass@k": PASS_LABEL, "best@k": BEST_LABEL}
+    settings = get_preset(preset)
+    kinds = {"pass@k": "unbiased", "best@k": "bootstrap"}
+    first = f"{settings['estimator']}@k"
+    second = next(key for key in kinds if key != first)
+    paper = f"the {settings['paper']} paper's"
+    return {
+        first: f"{first} ({kinds[first]}; {paper} {settings['paper_metric']})",
+        second: f"{second} ({kinds[second]}; not {paper} estimator)",
+    }
 
 
 def get_preset(name: str, argument: str = "preset") -> dict[str, Any]:

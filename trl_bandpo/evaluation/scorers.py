@@ -7,10 +7,12 @@ Three checkers are registered in `SCORERS` (docs/evaluation.md compares them wit
 * ``"dapo"``: the last ``Answer: ...`` line, compared as a normalised string, the rules of verl's ``math_dapo``
   reward (`trl_bandpo.dapo_scorer.score_dapo_completions`), which the BandPO authors validated AIME with;
 * ``"strict"``: the last ``\boxed{}`` answer under the conservative rules of verl's ``prime_math`` grader
-  (`trl_bandpo.strict_grader.strict_scores`), which the DGPO paper (arXiv:2603.14389, §5.1) evaluates with.
+  (`trl_bandpo.strict_grader.strict_scores`), which the DGPO paper (arXiv:2603.14389, §5.1) evaluates with;
+* ``"math_reward"``: the last ``\boxed{}`` answer, Hendrycks MATH string normalisation and exact equality, the rule
+  of verl's ``math_reward`` (`trl_bandpo.math_reward`), which the BandPO authors validated AMC with.
 
 A ``scorer`` setting is one name (every benchmark) or a mapping benchmark -> name (e.g. AIME by ``"dapo"`` and AMC
-by ``"math_verify"``, as the BandPO authors' verl validation did); `check_scorer` checks it before anything is
+by ``"math_reward"``, as the BandPO authors' verl validation did); `check_scorer` checks it before anything is
 loaded, and `scorers_for` gives each loaded benchmark its checker.
 """
 
@@ -26,10 +28,12 @@ SCORERS: dict[str, str] = {
     "math_verify": "last \\boxed{} answer, math_verify equivalence (the training reward's rule)",
     "dapo": "last 'Answer: ...' line, normalised string equality (verl math_dapo)",
     "strict": "last \\boxed{} answer, conservative prime_math rules (verl prime_math)",
+    "math_reward": "last \\boxed{} answer, Hendrycks MATH string normalisation, exact equality (verl math_reward)",
 }
 
-#: Default wall-clock limit per answer of each scorer (seconds); ``"dapo"`` is pure string work and takes none.
-DEFAULT_TIMEOUTS: dict[str, float | None] = {"math_verify": 2.0, "dapo": None, "strict": 10.0}
+#: Default wall-clock limit per answer of each scorer (seconds); ``"dapo"`` and ``"math_reward"`` are pure string
+#: work and take none.
+DEFAULT_TIMEOUTS: dict[str, float | None] = {"math_verify": 2.0, "dapo": None, "strict": 10.0, "math_reward": None}
 
 
 def _benchmark_key(name: str) -> str:
@@ -108,7 +112,7 @@ def score(
         name: a name of `SCORERS`.
         completions / solutions: N model outputs and their N ground-truth answers.
         timeout_s: wall-clock limit per answer for ``"math_verify"`` and ``"strict"`` (None: `DEFAULT_TIMEOUTS`);
-            ``"dapo"`` ignores it.
+            ``"dapo"`` and ``"math_reward"`` ignore it.
 
     Returns:
         N booleans.
@@ -124,6 +128,10 @@ def score(
         from ..dapo_scorer import score_dapo_completions
 
         return list(score_dapo_completions(completions, solutions))
+    if name == "math_reward":
+        from ..math_reward import score_math_reward_completions
+
+        return score_math_reward_completions(completions, solutions)
     from ..strict_grader import strict_scores
 
     return list(strict_scores(completions, solutions, timeout_s=timeout_s))

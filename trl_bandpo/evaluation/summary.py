@@ -6,7 +6,7 @@ r"""mean@n and two pass@k estimators from per-sample correctness, and the Markdo
   that k samples drawn WITHOUT replacement from the n hold a correct one. pass@1 equals mean@n, pass@n is the share
   of problems solved at least once.
 * ``best@k`` (`BEST_LABEL`): verl's bootstrap "best@k/mean" (``verl.trainer.ppo.metric_utils``,
-  ``process_validation_metrics``), which the BandPO authors' validation logs report: the expected best score of k
+  ``process_validation_metrics``), which both papers report as their Pass@32: the expected best score of k
   samples drawn WITH replacement from the n. For 0/1 scores that is ``1 - (1 - c/n)^k`` (`best_at_k`); verl
   estimates it from 1,000 seeded resamples. It is lower than pass@k for k > 1 (1 correct of 32: pass@32 = 1,
   best@32 = 0.638). docs/evaluation.md compares the two.

@@ -1,0 +1,215 @@
+r"""verl's ``math_reward`` rule: the last ``\boxed{}`` of a completion, compared with the gold answer as a string after
+the Hendrycks MATH normalisation. The BandPO authors' validation scored AMC 2023 with it (their AMC rows carry the
+``data_source`` ``lighteval/MATH``, which verl scores with ``verl.utils.reward_score.math_reward``); the
+``"math_reward"`` scorer of `trl_bandpo.evaluation` applies it. It is stricter than math-verify: no numeric or
+symbolic equivalence, only the string rewrites below (``0.5`` equals ``\frac{1}{2}``, ``0.25`` does not equal
+``\frac{1}{4}``; ``12`` does not equal ``12.0``).
+
+**The answer** (`last_boxed_answer`):
+
+1. when the completion contains ``\boxed`` followed by a space anywhere, the answer is the text after the *last*
+   ``\boxed `` up to the next ``$`` (or the end), whatever comes after it;
+2. otherwise, from the last ``\boxed`` (or, when there is none, the last ``\fbox``), the text up to the ``}`` that
+   brings the count of braces back to zero. No such ``}``: no answer. The span must read ``\boxed{...}``: an
+   ``\fbox{..}`` (or ``\boxed`` not followed by ``{``) is found but then rejected, and scores wrong, as in verl;
+3. no answer scores wrong.
+
+**The normal form** (`normalize_answer`), applied to the answer and the gold, in this order: drop line breaks and
+``\!``; ``\\`` -> ``\``; ``tfrac``/``dfrac`` -> ``frac``; drop ``\left``, ``\right``, ``^{\circ}``, ``^\circ`` and
+``\$``; units: keep only what precedes a ``\text{ `` (a space after the brace); drop ``\%``; `` .`` -> `` 0.`` and
+``{.`` -> ``{0.``; a leading ``.`` gets a ``0``; ``k = v`` with a left side of at most 2 characters -> ``v``;
+``\sqrtX`` -> ``\sqrt{X}`` (one character); drop spaces; ``\fracXY`` -> ``\frac{X}{Y}`` (one character each;
+``\fracX{Y}`` -> ``\frac{X}{Y}``); ``0.5`` -> ``\frac{1}{2}``; ``a/b`` of two integers written plainly ->
+``\frac{a}{b}``. Some strings cannot be normalised (two ``\text{ ``, a ``\sqrt`` or ``\frac`` with nothing after
+it): then, as in verl, the answer and the gold are compared exactly as written.
+
+**Equivalence** (`is_equivalent`): the two normal forms are equal strings.
+
+**Gold answers.** verl compares the gold as stored; given a number instead of a string (the authors' AMC file keeps
+math-ai/amc23's float answers, e.g. ``27.0``) its normalisation fails and it compares the answer string with the
+float, which is never equal. We do not reproduce that (it would score every AMC answer wrong): golds are text.
+`trl_bandpo.data` already writes integral floats of a dataset column as integers (``27.0`` -> ``"27"``); here a
+number is written the same way, and a gold *string* that is an integer-valued decimal (``"12.0"``, ``"-3.00"``, as a
+local JSON or CSV file may hold it) also accepts its integer form (``\boxed{12}``), besides the string as written.
+The answer is not rewritten: ``\boxed{12.0}`` against the gold ``12`` scores wrong, as in verl. A list of golds is a
+list of alternatives.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from .answers import completion_text
+
+__all__ = [
+    "gold_strings",
+    "is_equivalent",
+    "last_boxed_answer",
+    "math_reward_correct",
+    "normalize_answer",
+    "score_math_reward_completions",
+]
+
+_BOX = "\\boxed"
+_SPACED_BOX = "\\boxed "
+_UNIT = "\\text{ "
+_INTEGRAL_DECIMAL = re.compile(r"(-?\d+)\.0+")
+
+
+def last_boxed_answer(text: str) -> str | None:
+    r"""The answer of a completion under verl's ``math_reward`` extraction (module docstring), or None."""
+    if not isinstance(text, str):
+        return None
+    if _SPACED_BOX in text:
+        return text.rsplit(_SPACED_BOX, 1)[1].split("$", 1)[0]
+    start = text.rfind(_BOX)
+    if start < 0:
+        start = text.rfind("\\fbox")
+        if start < 0:
+            return None
+    depth, end = 0, None
+    for index in range(start, len(text)):
+        if text[index] == "{":
+            depth += 1
+        elif text[index] == "}":
+            depth -= 1
+            if depth == 0:
+                end = index
+                break
+    if end is None:
+        return None
+    span = text[start : end + 1]
+    if not span.startswith(_BOX + "{"):  # an \fbox, or \boxed not followed by its brace: verl rejects the span
+        return None
+    return span[len(_BOX) + 1 : -1]
+
+
+def _wrap_sqrt_arguments(text: str) -> str:
+    head, *pieces = text.split("\\sqrt")
+    out = [head]
+    for piece in pieces:
+        if not piece:
+            raise ValueError("\\sqrt without an argument")
+        out.append("\\sqrt" + (piece if piece[0] == "{" else "{" + piece[0] + "}" + piece[1:]))
+    return "".join(out)
+
+
+def _wrap_frac_arguments(text: str) -> str:
+    head, *pieces = text.split("\\frac")
+    out = [head]
+    for piece in pieces:
+        if not piece:
+            raise ValueError("\\frac without an argument")
+        if piece[0] == "{":
+            out.append("\\frac" + piece)
+        elif len(piece) < 2:
+            return text  # a one-character tail: the whole rewrite is abandoned
+        elif piece[1] == "{":
+            out.append("\\frac{" + piece[0] + "}" + piece[1:])
+        else:
+            out.append("\\frac{" + piece[0] + "}{" + piece[1] + "}" + piece[2:])
+    return "".join(out)
+
+
+def _slash_to_frac(text: str) -> str:
+    parts = text.split("/")
+    if len(parts) != 2:
+        return text
+    try:
+        numerator, denominator = int(parts[0]), int(parts[1])
+    except ValueError:
+        return text
+    if text != f"{numerator}/{denominator}":  # only integers written plainly ("+1/2", "01/2" stay)
+        return text
+    return f"\\frac{{{numerator}}}{{{denominator}}}"
+
+
+def normalize_answer(text: str) -> str:
+    r"""The Hendrycks MATH normal form of `text` (module docstring).
+
+    Raises:
+        ValueError: where verl's normalisation fails (more than one ``\text{ ``, ``\sqrt`` or ``\frac`` with
+            nothing after it); `is_equivalent` then compares the raw strings.
+    """
+    for old, new in (("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac")):
+        text = text.replace(old, new)
+    for dropped in ("\\left", "\\right", "^{\\circ}", "^\\circ", "\\$"):
+        text = text.replace(dropped, "")
+    if _UNIT in text:
+        before, *after = text.split(_UNIT)
+        if len(after) != 1:
+            raise ValueError("more than one \\text{ unit")
+        text = before
+    text = text.replace("\\\\%", "").replace("\\%", "")
+    text = text.replace(" .", " 0.").replace("{.", "{0.")
+    if not text:
+        return text
+    if text[0] == ".":
+        text = "0" + text
+    sides = text.split("=")
+    if len(sides) == 2 and len(sides[0]) <= 2:
+        text = sides[1]
+    if "\\sqrt" in text:
+        text = _wrap_sqrt_arguments(text)
+    text = text.replace(" ", "")
+    text = _wrap_frac_arguments(text)
+    if text == "0.5":
+        text = "\\frac{1}{2}"
+    return _slash_to_frac(text)
+
+
+def is_equivalent(answer: str | None, gold: str | None) -> bool:
+    """Whether `answer` and `gold` have the same normal form (`normalize_answer`); when either cannot be normalised,
+    whether they are the same string. Two Nones are equivalent, one None is not (as in verl)."""
+    if answer is None or gold is None:
+        return answer is None and gold is None
+    try:
+        return normalize_answer(answer) == normalize_answer(gold)
+    except ValueError:
+        return answer == gold
+
+
+def gold_strings(solution: Any) -> list[str]:
+    """The gold strings a solution accepts (module docstring, "Gold answers"): a string as written, plus the integer
+    form of an integer-valued decimal; numbers written out (integral floats as integers); a list or tuple of
+    alternatives; nothing for anything else (None, booleans, non-finite floats, other types)."""
+    if isinstance(solution, (list, tuple)):
+        return [gold for item in solution for gold in gold_strings(item)]
+    if isinstance(solution, bool) or solution is None:
+        return []
+    if isinstance(solution, int):
+        return [str(solution)]
+    if isinstance(solution, float):
+        if not math.isfinite(solution):
+            return []
+        return [str(int(solution)) if solution.is_integer() else repr(solution)]
+    if not isinstance(solution, str):
+        return []
+    integral = _INTEGRAL_DECIMAL.fullmatch(solution.strip())
+    if integral is None:
+        return [solution]
+    return [solution, str(int(integral.group(1)))]
+
+
+def math_reward_correct(completion: Any, solution: Any) -> bool:
+    """Whether a completion (a string or a conversation, `trl_bandpo.answers.completion_text`) answers `solution`
+    under verl's ``math_reward`` rule (module docstring). Never raises on bad input."""
+    try:
+        answer = last_boxed_answer(completion_text(completion))
+        if answer is None:
+            return False
+        return any(is_equivalent(answer, gold) for gold in gold_strings(solution))
+    except Exception:  # noqa: BLE001 - an unreadable completion or gold answer scores wrong
+        return False
+
+
+def score_math_reward_completions(completions: Sequence[Any], solutions: Sequence[Any]) -> list[bool]:
+    """`math_reward_correct` of each (completion, solution) pair; the two sequences must have the same length."""
+    if len(completions) != len(solutions):
+        raise ValueError(
+            f"completions and solutions must have the same length, got {len(completions)} and {len(solutions)}"
+        )
+    return [math_reward_correct(c, s) for c, s in zip(completions, solutions, strict=True)]
