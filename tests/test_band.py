@@ -1003,3 +1003,41 @@ def test_cuda_edge_inputs_and_options(solver):
     for dtype in (torch.bfloat16, torch.float16):
         lo_h, _ = band_bounds(x.to(dtype), 0.05, "kl", solver=solver)
         assert lo_h.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "bad_input, dtype",
+    [
+        (torch.tensor([-1, -2]), "torch.int64"),
+        (torch.tensor([True, False]), "torch.bool"),
+        (torch.tensor([-1.0 + 0j]), "torch.complex64"),
+    ],
+    ids=["int64", "bool", "complex"],
+)
+@pytest.mark.parametrize("radius", [0.05, "tensor"])
+def test_a_non_float_tensor_is_named_by_its_dtype(bad_input, dtype, radius):
+    """A tensor of the wrong dtype is named by that dtype ("got Tensor" would say nothing), for a float radius and
+    for a tensor of per-token radii."""
+    radius = torch.full(bad_input.shape, 0.05) if radius == "tensor" else radius
+    with pytest.raises(ValueError, match=rf"^old_logps must be floating point, got dtype {dtype}\.$"):
+        band_bounds(bad_input, radius, "kl")
+    with pytest.raises(ValueError, match=rf"old_logps must be floating point, got dtype {dtype}"):
+        validate_band_args(radius, "kl", old_logps=bad_input)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("radius", [1e39, 1e300, 3e38])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_chi2_at_p_one_with_a_huge_radius_is_one_one(dtype, radius, per_token):
+    """chi2 at p = 1: w = sqrt(delta (1 - p) / p) = 0 whatever delta, so [1 - 0, min(1 + 0, 1/p)] = [1, 1]; a radius
+    beyond float32 (inf after the cast) must not turn that 0 into inf * 0 = NaN. At p = 0.5, w = sqrt(delta) is
+    huge: [0, 1/p] = [0, 2]."""
+    logp = torch.tensor([0.0, math.log(0.5)], dtype=dtype)
+    r = torch.full((2,), radius, dtype=torch.float64) if per_token else radius
+    lower, upper = band_bounds(logp, r, "chi2", upper_max=None)
+    assert lower.tolist() == [1.0, 0.0] and upper.tolist() == [1.0, 2.0]
+
+
+def test_chi2_keeps_nan_for_a_nan_old_logp():
+    lower, upper = band_bounds(torch.tensor([math.nan, 0.0]), 1e39, "chi2")
+    assert math.isnan(lower[0]) and math.isnan(upper[0]) and lower[1] == upper[1] == 1.0

@@ -33,7 +33,7 @@ def test_unknown_command_exits_2():
 def test_help_lists_commands(capsys):
     main([])
     out = capsys.readouterr().out
-    for command in ("demo", "bounds", "train", "eval"):
+    for command in ("demo", "bounds", "train", "eval", "tiny-model"):
         assert command in out
 
 
@@ -45,7 +45,10 @@ def test_help_lists_commands(capsys):
         (["--p", "nan"], "argument --p: 'nan' is not a probability"),
         (["--radius", "inf"], "argument --radius: the radius delta must be a finite number > 0, got 'inf'"),
         (["--radius", "0"], "argument --radius:"),
-        (["--upper-max", "0.5"], "argument --upper-max: the cap on the upper bound must be a number >= 1, got '0.5'"),
+        (
+            ["--upper-max", "0.5"],
+            "argument --upper-max: the cap on the upper bound must be a number >= 1 or none (no cap), got '0.5'",
+        ),
         (["--upper-max", "nan"], "argument --upper-max:"),
     ],
 )
@@ -72,3 +75,48 @@ def test_version_from_the_console_entry():
         [sys.executable, "-m", "trl_bandpo.cli", "--version"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and result.stdout.strip() == f"trl-bandpo {trl_bandpo.__version__}"
+
+
+def test_bounds_caps_the_upper_bound_at_10_by_default_as_the_configs_do(capsys):
+    """KL, delta = 0.05, p = 0.01: the Band's upper bound is 7.809846290 (docs/band-operator.md), under the cap;
+    at p = 1e-4 it is 494.6038824, capped at 10 unless `--upper-max none`."""
+    from trl_bandpo.configs import PolicyLossConfig
+
+    assert PolicyLossConfig.band_upper_max == 10.0
+    main(["bounds", "--radius", "0.05", "--p", "1e-4", "0.01"])
+    out = capsys.readouterr().out
+    assert "upper_max=10.0" in out and "| 0.0001 |" in out and "| 10 |" in out and "| 7.80984629 |" in out
+    for spelling in ("none", "None", "null"):
+        main(["bounds", "--radius", "0.05", "--upper-max", spelling, "--p", "1e-4"])
+        out = capsys.readouterr().out
+        assert "upper_max=None" in out and "| 494.6038824 |" in out
+
+
+def test_bounds_help_states_the_default_cap(capsys):
+    with pytest.raises(SystemExit):
+        main(["bounds", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "default: 10" in text and "--upper-max none" in text
+
+
+def test_tiny_model_command_writes_the_model_and_problems_and_prints_the_cpu_command(tmp_path, capsys):
+    import json
+
+    from trl_bandpo.cli.tiny_model import cpu_train_command
+
+    main(["tiny-model", str(tmp_path / "tiny")])
+    out = capsys.readouterr().out
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "problems.jsonl"):
+        assert (tmp_path / "tiny" / name).is_file(), name
+    rows = [json.loads(line) for line in (tmp_path / "tiny" / "problems.jsonl").read_text().splitlines()]
+    assert len(rows) == 16 and rows[3] == {"problem": "What is 3 + 4?", "answer": 7}
+    assert out.rstrip().splitlines()[-1] == cpu_train_command(str(tmp_path / "tiny"))
+    assert "--model_name_or_path " + str(tmp_path / "tiny") in out and "--max_completion_length 32" in out
+
+
+def test_tiny_model_refuses_a_file_as_its_folder(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        main(["tiny-model", str(target)])
+    assert exc.value.code == 2 and "exists and is not a folder" in capsys.readouterr().err

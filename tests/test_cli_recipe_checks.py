@@ -223,3 +223,45 @@ def test_unknown_flag_is_reported_before_the_bf16_check(tmp_path, no_bf16_device
 def test_bf16_error_comes_with_the_cpu_hint(tmp_path, no_bf16_device):
     with pytest.raises(ConfigError, match=r"bf16/gpu.*set `use_cpu: true` and `bf16: false`"):
         _parse(tmp_path, "model_name_or_path: m\ndataset_name: d\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Dynamic sampling works with every policy loss; the `--field none` hint only where None is allowed
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["recipe", "command line"])
+def test_dynamic_sampling_without_policy_loss_is_plain_grpo_with_dynamic_sampling(tmp_path, where):
+    """Dynamic sampling is no loss-specific field: plain GRPO (policy_loss clip) runs it."""
+    recipe_lines = "dynamic_sampling: true\ndynamic_sampling_max_rounds: 2\n" if where == "recipe" else ""
+    flags = () if where == "recipe" else ("--dynamic_sampling", "true", "--dynamic_sampling_max_rounds", "2")
+    _, args, _ = _parse(tmp_path, BASE + "num_generations: 4\nper_device_train_batch_size: 4\n" + recipe_lines, *flags)
+    assert (args.policy_loss, args.dynamic_sampling, args.dynamic_sampling_max_rounds) == ("clip", True, 2)
+
+
+def test_the_message_about_loss_fields_does_not_name_dynamic_sampling(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        _parse(tmp_path, BASE + "dynamic_sampling: true\nnum_generations: 4\nband_radius: 0.1\n")
+    message = str(err.value)
+    assert message.startswith("band_radius set but policy_loss is not") and "dynamic_sampling" not in message
+
+
+@pytest.mark.parametrize(
+    "line, field",
+    [("policy_loss: null\n", "policy_loss"), ("loss_type: null\n", "loss_type"), ("reward: null\n", "reward")],
+)
+def test_no_none_hint_for_fields_that_do_not_accept_none(tmp_path, line, field):
+    with pytest.raises(ConfigError) as err:
+        _parse(tmp_path, BASE + line)
+    message = str(err.value)
+    assert field in message and "got None" in message and "none`" not in message
+
+
+@pytest.mark.parametrize(
+    "line, field",
+    [("policy_loss: band\nband_upper_max: 0.5\n", "band_upper_max"), ("delta: 0.5\n", "delta")],
+)
+def test_the_none_hint_names_a_field_that_accepts_none(tmp_path, line, field):
+    with pytest.raises(ConfigError) as err:
+        _parse(tmp_path, BASE + line)
+    assert str(err.value).endswith(f"(on the command line: `--{field} none`)")

@@ -217,3 +217,34 @@ def test_an_unreachable_registry_dataset_is_one_clear_error(monkeypatch):
     assert "'offline-bench'" in message and "'trl-bandpo-tests/no-such-dataset'" in message
     assert "dataset_name: path/to/file.jsonl" in message and "problem_field" in message
     assert info.value.__suppress_context__  # no chained 35-line traceback
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# An empty dataset name or path
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["", "   "])
+def test_an_empty_dataset_path_is_a_clear_error(tmp_path, monkeypatch, name):
+    """'' is no path: `Path('')` is the current folder, which must not be read as a dataset folder."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"^name_or_path is empty \(got '\s*'\): give a registry name") as info:
+        load_math_dataset(name)
+    assert "\n" not in str(info.value)
+
+
+def test_an_empty_benchmark_path_is_a_clear_error(tmp_path, monkeypatch):
+    from trl_bandpo.data import load_eval_benchmarks
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"benchmark 'mine' has an empty path \('mine='\)"):
+        load_eval_benchmarks(["mine="])
+    with pytest.raises(ValueError, match=r"^name_or_path is empty"):
+        load_eval_benchmarks([""])
+
+
+def test_a_folder_that_is_no_saved_dataset_is_a_clear_error(tmp_path):
+    folder = tmp_path / "not-a-dataset"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=r"not-a-dataset is a folder but no dataset saved with save_to_disk"):
+        load_math_dataset(str(folder))

@@ -194,6 +194,10 @@ def check_trl_bandpo(args: list[str]) -> None:
 
         if rest != ["--help"]:
             build_parser().parse_args(rest)
+    elif command == "tiny-model":
+        from trl_bandpo.cli.tiny_model import build_parser
+
+        build_parser().parse_args(rest)
     else:
         raise AssertionError(f"unknown trl-bandpo command {command!r}")
 
@@ -266,3 +270,55 @@ def test_path_checker_can_fail(tmp_path):
     page.write_text("See `trl_bandpo/nonexistent.py`, [this](missing.md) and `trl_bandpo/losses.py`.\n")
     found = {written: path.exists() for written, path in referenced_paths(page)}
     assert found == {"trl_bandpo/nonexistent.py": False, "missing.md": False, "trl_bandpo/losses.py": True}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Statements checked against the code
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def cpu_recipe_commands(page: Path) -> list[str]:
+    """The commands of the bash block of `page` that runs `trl-bandpo tiny-model` (continuations joined)."""
+    blocks = [b for b in fenced_blocks(page.read_text(), "bash") if "trl-bandpo tiny-model" in b]
+    assert len(blocks) == 1, f"{page.name}: one bash block with `trl-bandpo tiny-model`"
+    joined = re.sub(r"\s*\\\n\s*", " ", blocks[0])
+    return [line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def test_the_cpu_recipe_command_is_the_one_tiny_model_prints():
+    """README and docs/training.md show the same two commands, and the second is what `trl-bandpo tiny-model`
+    prints (`cpu_train_command`) for the recipe they name."""
+    from trl_bandpo.cli.tiny_model import cpu_train_command
+
+    readme, training = cpu_recipe_commands(REPO / "README.md"), cpu_recipe_commands(REPO / "docs" / "training.md")
+    assert readme == training and len(training) == 2
+    make, run = training
+    assert make == "trl-bandpo tiny-model /tmp/tiny"
+    recipe = shlex.split(run)[shlex.split(run).index("--config") + 1]
+    assert run == cpu_train_command("/tmp/tiny", recipe)
+
+
+def test_bandpo_docs_compare_with_grpos_clip_interval():
+    """GRPO's ε = 0.2 allows 1.2× (1.28× is Clip-Higher's ε_high); the Band's 7.8× at p = 0.01 and 1.044× at
+    p = 0.95 are the KL, δ = 0.05 reference values of docs/band-operator.md."""
+    text = (REPO / "docs" / "bandpo.md").read_text()
+    assert "(GRPO: 1.2×, Clip-Higher: 1.28×)" in text
+    assert "GRPO: 1.28×" not in text
+
+
+def test_training_docs_state_the_recipes_dynamic_sampling_limit():
+    import yaml
+
+    values = {
+        yaml.safe_load(path.read_text())["dynamic_sampling_max_rounds"]
+        for path in (REPO / "recipes").glob("*/*dynamic*.yaml")
+    }
+    assert len(values) == 1
+    text = " ".join((REPO / "docs" / "training.md").read_text().split())
+    assert f"allows {values.pop()} extra rounds" in text and "--dynamic_sampling_max_rounds 99" in text
+
+
+def test_extensions_doc_does_not_claim_the_mean_radius_stays_at_delta():
+    text = " ".join((REPO / "docs" / "extensions.md").read_text().split())
+    assert "the mean radius stays near `δ`" not in text
+    assert "1.36" in text and "band_radius_exponent" in text and "negative" in text

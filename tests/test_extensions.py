@@ -377,3 +377,97 @@ def test_radius_fn_hook_replaces_the_entropy_rule(tiny_model_dir, tmp_path):
     assert seen and all(delta == 0.05 for _, delta in seen)
     logged = [e["bounds/radius_mean"] for e in trainer.state.log_history if "bounds/radius_mean" in e]
     assert logged and all(v == pytest.approx(0.123) for v in logged)
+
+
+def test_entropy_radius_ignores_nan_and_inf_entropies_at_padding():
+    """Masked-out positions enter no reduction: a NaN or inf entropy there (NaN * 0 = NaN) changes nothing."""
+    from trl_bandpo.adaptive_radius import entropy_radius
+
+    entropies = torch.tensor([[0.5, 1.0, 2.0, 4.0], [0.0, 1.5, float("nan"), float("inf")]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    # masked mean over the six completion tokens: (0.5 + 1 + 2 + 4 + 0 + 1.5) / 6 = 1.5
+    radius = entropy_radius(entropies, mask, 0.05, exponent=1.0, radius_min=0.01, radius_max=0.1)
+    want = [[0.05 * 0.5 / 1.5, 0.05 / 1.5, 0.05 * 2 / 1.5, 0.1], [0.01, 0.05, 0.05, 0.05]]
+    torch.testing.assert_close(radius, torch.tensor(want))
+
+
+def _radius_host(radius_fn=None):
+    """An `AdaptiveRadius` with one process's accelerator, delta = 0.05 and radii clipped to [0.01, 0.1]."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from trl_bandpo.adaptive_radius import AdaptiveRadius
+
+    host = AdaptiveRadius()
+    host._policy_bound_kwargs = {"radius": 0.05}
+    host.args = SimpleNamespace(
+        band_radius_by="entropy", band_radius_exponent=1.0, band_radius_min=0.01, band_radius_max=0.1
+    )
+    host.accelerator = SimpleNamespace(reduce=lambda tensor, reduction: tensor, gather=lambda tensor: tensor)
+    host._metrics = {"train": defaultdict(list)}
+    if radius_fn is not None:
+        host.radius_fn = radius_fn
+    return host
+
+
+def test_generation_radius_is_not_poisoned_by_nan_entropies_at_padding():
+    """The generation batch's H_mean and the logged radius statistics skip the padding, whatever it holds; the
+    Band bounds from those radii are finite."""
+    host = _radius_host()
+    entropies = torch.tensor([[0.5, 1.0, 2.0, 4.0], [0.0, 1.5, float("nan"), float("nan")]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    radius = host._generation_radius(entropies, mask)
+    want = [[0.05 / 3, 0.05 / 1.5, 0.05 / 0.75, 0.1], [0.01, 0.05, 0.05, 0.05]]
+    torch.testing.assert_close(radius, torch.tensor(want))
+    metrics = host._metrics["train"]
+    # mean over the six completion tokens: (0.05/3 + 0.05/1.5 + 0.05/0.75 + 0.1 + 0.01 + 0.05) / 6
+    mean = (0.05 / 3 + 0.05 / 1.5 + 0.05 / 0.75 + 0.1 + 0.01 + 0.05) / 6
+    assert metrics["bounds/radius_mean"] == [pytest.approx(mean)]
+    assert (metrics["bounds/radius_min"], metrics["bounds/radius_max"]) == (
+        [pytest.approx(0.01)],
+        [pytest.approx(0.1)],
+    )
+    old_logps = torch.log(torch.full((2, 4), 0.5))
+    lower, upper = band_bounds(old_logps, radius, "kl")
+    assert bool(torch.isfinite(lower).all() and torch.isfinite(upper).all())
+
+
+@pytest.mark.parametrize(
+    "output, needle",
+    [
+        (lambda e: torch.full((e.shape[0],), 0.05), r"shape \(2, 3\).*got shape \(2,\)"),
+        (lambda e: torch.full((2, 1), 0.05), r"shape \(2, 3\).*got shape \(2, 1\)"),
+        (lambda e: [[0.05] * 3] * 2, r"shape \(2, 3\).*got list"),
+        (lambda e: torch.full_like(e, 0.05).long(), r"floating.*torch\.int64"),
+        (lambda e: torch.tensor([[0.05, float("nan"), 0.05], [0.05, 0.05, 0.05]]), r"nan"),
+        (lambda e: torch.tensor([[0.05, 0.05, 0.05], [0.0, -0.1, 0.05]]), r"\(0, -0\.1\)"),
+        (lambda e: torch.tensor([[0.05, float("inf"), 0.05], [0.05, 0.05, 0.05]]), r"inf"),
+    ],
+    ids=["1-d", "per-sequence", "list", "int", "nan", "non-positive", "inf"],
+)
+@pytest.mark.parametrize("path", ["generation", "on-policy"])
+def test_a_bad_radius_fn_output_is_a_clear_error_at_the_first_call(output, needle, path):
+    host = _radius_host(lambda entropies, mask, delta: output(entropies))
+    entropies, mask = torch.ones(2, 3), torch.tensor([[1, 1, 1], [1, 1, 0]])
+    with pytest.raises(ValueError, match=needle) as error:
+        host._generation_radius(entropies, mask) if path == "generation" else host._token_radius(entropies, mask)
+    assert "radius_fn" in str(error.value)
+
+
+def test_radius_fn_output_at_padding_is_replaced_by_delta():
+    """What a radius_fn returns at padding positions is never used: they get delta, as the entropy rule gives them."""
+    host = _radius_host(lambda entropies, mask, delta: entropies * 0.1)
+    entropies = torch.tensor([[0.5, 1.0, float("nan")], [2.0, float("nan"), float("nan")]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    radius = host._token_radius(entropies, mask)
+    torch.testing.assert_close(radius, torch.tensor([[0.05, 0.1, 0.05], [0.2, 0.05, 0.05]]))
+
+
+def test_a_negative_radius_exponent_is_refused():
+    """alpha < 0 gives confident tokens the wider Band: the method reversed, so the config refuses it."""
+    from trl_bandpo import BandPOConfig
+
+    base = dict(output_dir="unused", use_cpu=True, report_to="none")
+    with pytest.raises(ValueError, match=r"band_radius_exponent must be a finite number >= 0.*got -1\.0"):
+        BandPOConfig(**base, band_radius_by="entropy", band_radius_exponent=-1.0)
+    assert BandPOConfig(**base, band_radius_by="entropy", band_radius_exponent=0.0).band_radius_exponent == 0.0

@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["AdaptiveRadius", "OldPolicyEntropies", "correlation", "entropy_radius", "radius_statistics"]
+__all__ = [
+    "AdaptiveRadius",
+    "OldPolicyEntropies",
+    "check_radius_fn_output",
+    "correlation",
+    "entropy_radius",
+    "masked_sum",
+    "radius_statistics",
+]
 
 #: Key of the old policy's per-token entropies in a generation output (popped once the bounds are computed).
 OLD_ENTROPIES_KEY = "old_per_token_entropies"
@@ -32,16 +40,50 @@ def entropy_radius(
 
     `mean_entropy` is `H_mean` (default: the masked mean of `entropies`; the trainer passes the mean over the whole
     generation batch of every process). Where `H_mean` is 0 (a batch of certain tokens) every token gets `delta`.
-    Padding positions get `delta` too (they are masked out of the loss anyway).
+    Padding positions get `delta` too (they are masked out of the loss anyway), and whatever they hold (NaN, inf)
+    enters no reduction.
     """
+    keep = mask > 0
     entropies = entropies.detach().float()
-    mask = mask.float()
     if mean_entropy is None:
-        mean_entropy = (entropies * mask).sum() / mask.sum().clamp(min=1.0)
+        mean_entropy = masked_sum(entropies, keep) / keep.sum().clamp(min=1).float()
     relative = entropies.clamp(min=0.0) / mean_entropy.clamp(min=torch.finfo(torch.float32).tiny)
     radius = (delta * relative.pow(exponent)).clamp(min=radius_min, max=radius_max)
     certain = mean_entropy <= 0
-    return torch.where((mask > 0) & ~certain, radius, torch.full_like(radius, delta))
+    return torch.where(keep & ~certain, radius, torch.full_like(radius, delta))
+
+
+def masked_sum(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Sum of `values` where `keep` is true. `torch.where`, not `values * mask`: a NaN or inf at a masked-out
+    position (NaN * 0 = NaN) must not enter the sum."""
+    return torch.where(keep, values, torch.zeros_like(values)).sum()
+
+
+def check_radius_fn_output(radius, entropies: torch.Tensor, mask: torch.Tensor, delta: float) -> torch.Tensor:
+    """The radii a user's `radius_fn(entropies, mask, delta)` returned, checked: a floating tensor shaped like
+    `entropies` whose values at completion tokens are finite and > 0, else a `ValueError` naming `radius_fn`, the
+    shape expected and the bad values. Padding positions get `delta`, whatever `radius_fn` put there. One host
+    read per call (to raise at once, never to train unclipped)."""
+    shape = tuple(entropies.shape)
+    if not torch.is_tensor(radius) or tuple(radius.shape) != shape:
+        got = f"shape {tuple(radius.shape)}" if torch.is_tensor(radius) else type(radius).__name__
+        raise ValueError(
+            f"radius_fn must return a tensor of shape {shape} (one radius per token, like its entropies), got {got}."
+        )
+    if not radius.is_floating_point():
+        raise ValueError(f"radius_fn must return a floating-point tensor of shape {shape}, got dtype {radius.dtype}.")
+    keep = (mask > 0).to(radius.device)
+    radius = radius.detach()
+    bad = keep & ~(torch.isfinite(radius) & (radius > 0))
+    if bool(bad.any()):
+        values = radius[bad]
+        shown = ", ".join(f"{v:.6g}" for v in values[:3].tolist())
+        raise ValueError(
+            f"radius_fn returned {values.numel()} radii at completion tokens that are not finite numbers > 0 "
+            f"({shown}{', ...' if values.numel() > 3 else ''}): every radius of a completion token must be finite "
+            "and > 0 (training on NaN bounds would not clip)."
+        )
+    return torch.where(keep, radius, torch.full_like(radius, delta))
 
 
 def radius_statistics(radius: torch.Tensor, entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -115,7 +157,9 @@ class AdaptiveRadius(OldPolicyEntropies):
     """Mixin for `PolicyLossTrainer`: the per-token radius of losses whose bounds read `radius` (Band family).
 
     `band_radius_by="entropy"` uses `entropy_radius`; a `radius_fn(entropies, mask, delta) -> radii` set on the
-    trainer (class or instance attribute) replaces it, for researchers.
+    trainer (class or instance attribute) replaces it, for researchers: it must return a floating `(B, T)` tensor,
+    finite and > 0 at every completion token (checked at each call, `check_radius_fn_output`); what it returns at
+    padding positions is replaced by `delta`.
     """
 
     radius_fn = None
@@ -136,7 +180,7 @@ class AdaptiveRadius(OldPolicyEntropies):
         """`(B, T)` radii for these entropies; `mean_entropy` defaults to the masked mean of `entropies`."""
         delta = self._policy_bound_kwargs["radius"]
         if self.radius_fn is not None:
-            return self.radius_fn(entropies.detach(), mask, delta)
+            return check_radius_fn_output(self.radius_fn(entropies.detach(), mask, delta), entropies, mask, delta)
         args = self.args
         return entropy_radius(
             entropies, mask, delta, exponent=args.band_radius_exponent, radius_min=args.band_radius_min,
@@ -145,7 +189,8 @@ class AdaptiveRadius(OldPolicyEntropies):
 
     def _generation_radius(self, entropies, mask):
         """Radii for a whole generation batch: `H_mean` over every process's tokens; logs the radius metrics."""
-        local = torch.stack([(entropies.float() * mask).sum(), mask.float().sum()])
+        keep = mask > 0
+        local = torch.stack([masked_sum(entropies.detach().float(), keep), keep.sum().float()])
         totals = self.accelerator.reduce(local, reduction="sum")
         radius = self._token_radius(entropies, mask, mean_entropy=totals[0] / totals[1].clamp(min=1.0))
         stats = radius_statistics(radius, entropies, mask)

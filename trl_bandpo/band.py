@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .band_solvers import KL_NEWTON_STEPS, Radius, closed_form_bounds, generic_bounds, kl_bounds
+from .band_solvers import KL_NEWTON_STEPS, Radius, chi2_half_width, closed_form_bounds, generic_bounds, kl_bounds
 
 __all__ = [
     "DIVERGENCES",
@@ -43,6 +43,7 @@ __all__ = [
     "KernelSolver",
     "band_bounds",
     "check_divergence",
+    "check_floating_tensor",
     "check_radius",
     "check_radius_tensor",
     "check_relax",
@@ -157,6 +158,16 @@ def _is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def check_floating_tensor(value, label: str) -> torch.Tensor:
+    """`value` if it is a floating-point tensor, else a `ValueError` naming `label` and what it got: the dtype of a
+    tensor (``got dtype torch.int64``), the type of anything else."""
+    if not torch.is_tensor(value):
+        raise ValueError(f"{label} must be a floating-point tensor, got {type(value).__name__}.")
+    if not value.is_floating_point():
+        raise ValueError(f"{label} must be floating point, got dtype {value.dtype}.")
+    return value
+
+
 def check_radius(value, label: str = "radius") -> float:
     """`value` as a float if it is a finite number > 0, else a `ValueError` naming `label` (for configs and other
     scalar radii; `check_radius_tensor` checks a tensor of per-token radii)."""
@@ -260,10 +271,11 @@ def validate_band_args(
     """Raise `ValueError` naming the argument if any Band argument is outside what is allowed.
 
     `radius` is a number (`check_radius`), or, only when the `old_logps` it applies to are given, a tensor of
-    per-token radii (`check_radius_tensor`: metadata only, no host synchronisation)."""
+    per-token radii (`check_radius_tensor`: metadata only, no host synchronisation). `old_logps`, when given, must be
+    a floating-point tensor."""
+    if old_logps is not None:
+        check_floating_tensor(old_logps, "old_logps")
     if torch.is_tensor(radius) and old_logps is not None:
-        if not torch.is_tensor(old_logps) or not old_logps.is_floating_point():
-            raise ValueError(f"old_logps must be a floating-point tensor, got {type(old_logps).__name__}.")
         check_radius_tensor(radius, old_logps)
     else:
         check_radius(radius)
@@ -328,8 +340,7 @@ def band_bounds(
         _check_options(divergence, solver, upper_max, relax)
     else:
         validate_band_args(radius, divergence, solver, upper_max, relax)
-    if not torch.is_tensor(old_logps) or not old_logps.is_floating_point():
-        raise ValueError(f"old_logps must be a floating-point tensor, got {type(old_logps).__name__}.")
+    check_floating_tensor(old_logps, "old_logps")
     if per_token:
         check_radius_tensor(radius, old_logps)
     else:
@@ -358,7 +369,7 @@ def band_bounds(
             # `radius / exp(logp)` as torch evaluates it for a float radius, so a tensor gives the same bits
             lower, upper = closed_form_bounds(logp, torch.exp(logp).reciprocal() * radius)
         elif divergence == "chi2":
-            lower, upper = closed_form_bounds(logp, torch.sqrt(radius * -torch.expm1(logp) / torch.exp(logp)))
+            lower, upper = closed_form_bounds(logp, chi2_half_width(logp, radius))
         else:
             f = GENERATORS[divergence] if isinstance(divergence, str) else divergence
             lower, upper = generic_bounds(logp.double(), radius, f)

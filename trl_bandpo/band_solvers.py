@@ -18,7 +18,7 @@ from typing import Union
 
 import torch
 
-__all__ = ["KL_NEWTON_STEPS", "closed_form_bounds", "generic_bounds", "kl_bounds"]
+__all__ = ["KL_NEWTON_STEPS", "chi2_half_width", "closed_form_bounds", "generic_bounds", "kl_bounds"]
 
 #: A trust-region radius: one float for every token, or a tensor of per-token radii.
 Radius = Union[float, torch.Tensor]
@@ -37,6 +37,14 @@ def closed_form_bounds(logp: torch.Tensor, half_width: torch.Tensor):
     lower = (1 - half_width).clamp(min=0.0)
     upper = torch.minimum(1 + half_width, torch.exp(-logp))
     return lower, upper
+
+
+def chi2_half_width(logp: torch.Tensor, radius: Radius) -> torch.Tensor:
+    """chi-square's `w = sqrt(delta (1 - p) / p)`, exactly 0 at `p = 1` whatever `delta`: a radius that overflows
+    the compute dtype (inf) would otherwise make `inf * 0 = NaN` there. NaN `logp` stays NaN."""
+    one_minus_p = -torch.expm1(logp)
+    width = torch.sqrt(radius * one_minus_p / torch.exp(logp))  # the arithmetic of before, bit for bit
+    return torch.where(one_minus_p == 0, torch.zeros_like(width), width)
 
 
 # On CPU the solver runs over chunks of this many tokens: its ~40 elementwise passes then stay in cache instead of

@@ -1,7 +1,8 @@
-"""The `trl-bandpo` command: `demo` (the offline CPU demo), `bounds` (a Band bounds table), `train`, `eval`.
+"""The `trl-bandpo` command: `demo` (the offline CPU demo), `bounds` (a Band bounds table), `train`, `eval`,
+`tiny-model` (a tiny local model for CPU runs of any recipe).
 
-Each subcommand lives in its own module (`bounds`, `train`, `eval`; the demo is `trl_bandpo.demo.main`) and is
-imported only when it runs.
+Each subcommand lives in its own module (`bounds`, `train`, `eval`, `tiny_model`; the demo is
+`trl_bandpo.demo.main`) and is imported only when it runs.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ commands:
   bounds   print the Band ratio bounds for a divergence and radius
   train    train from a YAML recipe (TRL's TrlParser; see recipes/)
   eval     mean@k and pass@k on math benchmarks
+  tiny-model PATH
+           save a tiny local model and problems, and print the command that runs any recipe on CPU with them
 """
 
 
@@ -51,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         from .eval import eval_main
 
         eval_main(rest)
+    elif command == "tiny-model":
+        from .tiny_model import tiny_model_main
+
+        tiny_model_main(rest)
     else:
         print(f"trl-bandpo: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)

@@ -6,7 +6,7 @@ import argparse
 import math
 from collections.abc import Sequence
 
-__all__ = ["DEFAULT_PROBABILITIES", "bounds_main"]
+__all__ = ["DEFAULT_PROBABILITIES", "DEFAULT_UPPER_MAX", "bounds_main"]
 
 DEFAULT_PROBABILITIES = (1e-6, 1e-4, 1e-3, 0.01, 0.05, 0.08, 0.2, 0.5, 0.8, 0.95, 0.99, 0.999)
 
@@ -33,10 +33,20 @@ def _radius(text: str) -> float:
     return value
 
 
-def _upper_max(text: str) -> float:
+#: The cap on the upper bound when `--upper-max` is not given: the configs' `band_upper_max` default (the BandPO
+#: authors trained with 10), so the table shows the bounds training uses.
+DEFAULT_UPPER_MAX = 10.0
+
+
+def _upper_max(text: str) -> float | None:
+    """A cap >= 1, or None (no cap: only the simplex limit 1/p) for "none" / "null"."""
+    if text.strip().lower() in ("none", "null"):
+        return None
     value = _number(text)
     if not value >= 1:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"the cap on the upper bound must be a number >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"the cap on the upper bound must be a number >= 1 or none (no cap), got {text!r}"
+        )
     return value
 
 
@@ -47,7 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trl-bandpo bounds", description="Band ratio bounds per old probability p.")
     parser.add_argument("--divergence", default="kl", choices=DIVERGENCES)
     parser.add_argument("--radius", type=_radius, default=0.05, help="trust-region radius delta (finite, > 0)")
-    parser.add_argument("--upper-max", type=_upper_max, default=None, help="cap on the upper bound >= 1 (authors: 10)")
+    parser.add_argument(
+        "--upper-max",
+        type=_upper_max,
+        default=DEFAULT_UPPER_MAX,
+        help="cap on the upper bound, >= 1 (default: 10, the configs' band_upper_max and the BandPO authors' "
+        "setting); --upper-max none shows the uncapped Band (only the simplex limit 1/p)",
+    )
     parser.add_argument("--relax", type=float, nargs=2, metavar=("EPS_LOW", "EPS_HIGH"), default=None)
     parser.add_argument(
         "--p", type=_probability, nargs="+", default=list(DEFAULT_PROBABILITIES), help="old probabilities, in (0, 1]"

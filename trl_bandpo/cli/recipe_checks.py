@@ -5,7 +5,8 @@
   are.
 - After the command line is read (`check_namespace`): unknown flags first, then the required fields, a positive
   `max_completion_length`, and an explicit `policy_loss` whenever a loss-specific field (`band_*`, `dgpo_*`,
-  `ce_gppo_*`, `aspo_*`) is set: without one the run is plain GRPO (`policy_loss="clip"`).
+  `ce_gppo_*`, `aspo_*`) is set: without one the run is plain GRPO (`policy_loss="clip"`), which does not read them.
+  Dynamic sampling (`dynamic_sampling*`) works with every policy loss, plain GRPO included, and needs none.
 - `resume_from_checkpoint`: `true` / `false` (any case) mean what the YAML booleans mean (the latest checkpoint of
   `output_dir` / no resume), on the command line too, where the string field would otherwise keep the text.
 - `prompt_template` (`check_prompt_fields`, from `ScriptArguments.__post_init__`): one of the registered templates;
@@ -30,6 +31,7 @@ from ..loss_registry import registered_policy_losses
 from .errors import ConfigError
 
 __all__ = [
+    "ANY_LOSS_FIELDS",
     "REQUIRED",
     "check_namespace",
     "check_prompt_fields",
@@ -119,9 +121,15 @@ def check_recipe_types(recipe: dict, dataclass_types: Iterable[type], where: str
             _check_value(name, value, *kinds[name], where)
 
 
+#: Fields `PolicyLossConfig` adds that every policy loss honours, plain GRPO (`policy_loss="clip"`) included: setting
+#: them needs no explicit `policy_loss`.
+ANY_LOSS_FIELDS = ("dynamic_sampling", "dynamic_sampling_max_rounds")
+
+
 def loss_specific_fields() -> tuple[str, ...]:
-    """The fields `PolicyLossConfig` adds to `trl.GRPOConfig` besides `policy_loss` (`band_*`, `dgpo_*`, ...)."""
-    base = {f.name for f in dataclasses.fields(GRPOConfig)} | {"policy_loss"}
+    """The fields `PolicyLossConfig` adds to `trl.GRPOConfig` besides `policy_loss` (`band_*`, `dgpo_*`, ...) that
+    only some policy losses read; `ANY_LOSS_FIELDS` (dynamic sampling) work with every loss and are not among them."""
+    base = {f.name for f in dataclasses.fields(GRPOConfig)} | {"policy_loss", *ANY_LOSS_FIELDS}
     return tuple(f.name for f in dataclasses.fields(PolicyLossConfig) if f.name not in base)
 
 
@@ -173,7 +181,8 @@ def check_namespace(namespace: argparse.Namespace, remaining: Sequence[str], giv
         suggestion = f" (these fields are read by {', '.join(repr(n) for n in losses)})" if losses else ""
         raise ConfigError(
             f"{', '.join(loss_fields)} set but policy_loss is not: this run would train plain GRPO "
-            f"(policy_loss='clip', the default), which ignores them. Set policy_loss explicitly{suggestion}, e.g. "
+            f"(policy_loss='clip', the default), which does not read {'it' if len(loss_fields) == 1 else 'them'}. "
+            f"Set policy_loss explicitly{suggestion}, e.g. "
             f"`policy_loss: {losses[0] if losses else 'band'}` in the recipe or `--policy_loss "
             f"{losses[0] if losses else 'band'}`; `policy_loss: clip` keeps GRPO."
         )

@@ -19,12 +19,14 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 
 from trl import ModelConfig
 
 from ..configs import PolicyLossConfig
 from ..data import TRAINING_MIXES
+from .quiet import library_noise_filtered
 from .recipe import REWARDS, ConfigError, ScriptArguments, make_parser, parse_args
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "ScriptArguments",
     "build_reward",
     "build_validation",
+    "check_dataset_size",
     "describe_run",
     "load_eval_data",
     "load_prompt_tokenizer",
@@ -43,6 +46,7 @@ __all__ = [
     "run",
     "trainer_class_for",
     "validation_settings",
+    "warn_about_positions",
 ]
 
 logger = logging.getLogger(__name__)
@@ -177,6 +181,65 @@ def load_eval_data(script_args: ScriptArguments, tokenizer=None, chat_template_k
     }
 
 
+def check_dataset_size(num_prompts: int, training_args: PolicyLossConfig) -> None:
+    """Raise `ConfigError` when the training set cannot fill one generation batch.
+
+    TRL's sampler draws `generation_batch_size / num_generations` unique prompts per generation batch and drops an
+    incomplete one, so a smaller training set yields no batch at all: training would stop at step 0, save the
+    untouched model and exit 0."""
+    args = training_args
+    needed = args.generation_batch_size // args.num_generations
+    if num_prompts >= needed:
+        return
+    raise ConfigError(
+        f"the training set has {num_prompts} prompts, but one generation batch needs {needed} "
+        f"(generation_batch_size {args.generation_batch_size} / num_generations {args.num_generations}, where "
+        f"generation_batch_size = per_device_train_batch_size {args.per_device_train_batch_size} x "
+        f"steps_per_generation {args.steps_per_generation} x {args.world_size} process(es)): training would stop "
+        "at step 0. Lower generation_batch_size (or steps_per_generation, per_device_train_batch_size, the number "
+        "of processes) or add data."
+    )
+
+
+def warn_about_positions(model_args: ModelConfig, training_args: PolicyLossConfig, train_dataset, tokenizer=None):
+    """Warn when a prompt plus `max_completion_length` tokens exceed the model's `max_position_embeddings` (read
+    from its config, without the weights). The prompt length counts when it is known: with a tokenizer (loaded for
+    `max_prompt_tokens`) the longest prompt of `train_dataset` is measured, else only the completion is compared."""
+    completion = training_args.max_completion_length
+    if completion is None:
+        return
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(
+            model_args.model_name_or_path,
+            revision=model_args.model_revision,
+            trust_remote_code=bool(training_args.trust_remote_code),
+        )
+    except Exception:  # noqa: BLE001 - a model that cannot be found is the trainer's error to report
+        return
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    positions = getattr(text_config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or positions < 1:
+        return
+    prompt, what = 0, f"max_completion_length {completion}"
+    if tokenizer is not None and completion < positions and len(train_dataset):
+        from ..data import prompt_lengths
+
+        prompt = max(prompt_lengths(train_dataset["prompt"], tokenizer, training_args.chat_template_kwargs))
+        what = f"the longest prompt ({prompt} tokens) + max_completion_length {completion}"
+    if prompt + completion <= positions:
+        return
+    warnings.warn(
+        f"{what} = {prompt + completion} tokens exceed the {positions} positions of {model_args.model_name_or_path} "
+        f"(max_position_embeddings): tokens past position {positions} are beyond what the model supports, and "
+        f"generating them is slow. Lower max_completion_length (e.g. --max_completion_length "
+        f"{max(1, positions - prompt) if prompt < positions else 32}).",
+        UserWarning,
+        stacklevel=2,
+    )
+
+
 def _model_init_kwargs(model_args: ModelConfig, training_args: PolicyLossConfig) -> dict:
     kwargs = {
         "revision": model_args.model_revision,
@@ -270,6 +333,8 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
         validation = build_validation(script_args)  # benchmarks loaded and checked before the model loads
     if script_args.eval_dataset_name and eval_dataset is None:
         logger.warning("eval_dataset_name is set but eval_strategy is 'no': no evaluation during training.")
+    check_dataset_size(len(train_dataset), training_args)  # before the model loads
+    warn_about_positions(model_args, training_args, train_dataset, tokenizer)
 
     trainer_cls = trainer_class_for(training_args.policy_loss)
     logger.info(
@@ -300,15 +365,18 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse `argv` (default `sys.argv[1:]`), train, and return 0. Configuration errors exit with status 2."""
-    try:
-        script_args, training_args, model_args = parse_args(argv)
-    except ConfigError as err:
-        print(f"trl-bandpo train: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    trainer = run(script_args, training_args, model_args)
-    if hasattr(trainer, "end"):  # transformers >= 5.18: finish trackers, destroy the process group
-        trainer.end()
+    """Parse `argv` (default `sys.argv[1:]`), train, and return 0. Configuration errors (a bad recipe, a training
+    set too small for one generation batch) exit with status 2. Library messages that are not the user's to act on
+    are filtered (`trl_bandpo.cli.quiet`)."""
+    with library_noise_filtered():
+        try:
+            script_args, training_args, model_args = parse_args(argv)
+            trainer = run(script_args, training_args, model_args)
+        except ConfigError as err:
+            print(f"trl-bandpo train: error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+        if hasattr(trainer, "end"):  # transformers >= 5.18: finish trackers, destroy the process group
+            trainer.end()
     return 0
 
 

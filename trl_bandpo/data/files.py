@@ -130,7 +130,13 @@ def read_local(path: Path, split: str | None = None):
     if path.is_dir():
         import datasets
 
-        loaded = datasets.load_from_disk(str(path))
+        try:
+            loaded = datasets.load_from_disk(str(path))
+        except FileNotFoundError:
+            raise ValueError(
+                f"{path} is a folder but no dataset saved with save_to_disk: give a file "
+                f"({', '.join(sorted(LOCAL_FORMATS))}) or a folder written by Dataset.save_to_disk."
+            ) from None
         if isinstance(loaded, datasets.DatasetDict):
             split = split or ("train" if "train" in loaded else next(iter(loaded)))
             if split not in loaded:

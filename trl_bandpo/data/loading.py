@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .files import read_local
+from .files import LOCAL_FORMATS, read_local
 from .prompts import BOXED_INSTRUCTION, check_prompt_template, format_prompt
 from .registry import DATASETS, EVAL_BENCHMARKS, TRAINING_MIXES, DatasetSpec, resolve_dataset_name
 from .rows import FILTERS, Selection, get_field, has_field, select_rows
@@ -144,6 +144,11 @@ def load_math_dataset(
     ):
         raise ValueError(f"max_samples must be None or an integer >= 1, got {max_samples!r}")
     _check_template_arguments(prompt_template, instruction)
+    if not os.fspath(name_or_path).strip():  # Path("") is the current folder: never read it as a dataset
+        raise ValueError(
+            f"name_or_path is empty (got {os.fspath(name_or_path)!r}): give a registry name ({', '.join(DATASETS)}) "
+            f"or the path of a local file ({', '.join(sorted(LOCAL_FORMATS))}) or save_to_disk folder."
+        )
 
     path = Path(os.fspath(name_or_path)).expanduser()
     registry_name = None if path.exists() else resolve_dataset_name(os.fspath(name_or_path))
@@ -320,6 +325,10 @@ def load_eval_benchmarks(
             entry = os.fspath(entry).strip()
             if "=" in entry and not Path(entry).exists():
                 name, _, source = entry.partition("=")
+                if not source.strip():
+                    raise ValueError(
+                        f"benchmark {name.strip()!r} has an empty path ({entry!r}): write name=path/to/file.jsonl."
+                    )
                 items.append((name.strip(), source.strip()))
             elif Path(entry).exists():
                 items.append((Path(entry).stem, entry))

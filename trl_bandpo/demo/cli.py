@@ -174,12 +174,15 @@ def _run(args, settings, train_rows, eval_rows, out: Path, total_start: float) -
 
     # 2. RL per method
     histories, rows, labels = {}, {}, {}
-    bar = progress_bar(total=args.steps * len(settings), desc="RL", disable=args.quiet, unit="step")
     for name, method in settings.items():
         labels[name] = method["label"]
-        bar.set_description(f"RL {method['label']}")
-        trainer, history, seconds = train_method(method, model_path, train_rows, out / "runs" / name, args, bar,
-                                                 max_new_tokens)  # fmt: skip
+        # One bar per method with its own total: its ETA is this method's, not all methods' at the first one's pace.
+        bar = progress_bar(total=args.steps, desc=f"RL {method['label']}", disable=args.quiet, unit="step")
+        try:
+            trainer, history, seconds = train_method(method, model_path, train_rows, out / "runs" / name, args, bar,
+                                                     max_new_tokens)  # fmt: skip
+        finally:
+            bar.close()
         model = trainer.accelerator.unwrap_model(trainer.model)
         accuracy = evaluate_accuracy(model, tokenizer, eval_rows, samples=args.eval_samples, seed=args.seed,
                                      max_new_tokens=max_new_tokens)  # fmt: skip
@@ -197,7 +200,6 @@ def _run(args, settings, train_rows, eval_rows, out: Path, total_start: float) -
             **summarize_history(history),
         }
         del trainer, model
-    bar.close()
 
     # 3. outputs
     write_metrics_csv(out / "metrics.csv", histories)

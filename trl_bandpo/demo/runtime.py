@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import sys
 import warnings
@@ -35,9 +36,19 @@ def progress_bar(**kwargs):
     return tqdm(dynamic_ncols=True, file=sys.stderr, **kwargs)
 
 
+#: DeepSpeed's line on a machine without a GPU, logged when accelerate imports it (as in `trl_bandpo.cli.quiet`,
+#: which the demo, a lower layer, does not import).
+_DEEPSPEED_CPU_LINE = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+
+
+def _not_deepspeed_cpu_line(record: logging.LogRecord) -> bool:
+    return record.getMessage() != _DEEPSPEED_CPU_LINE
+
+
 @contextlib.contextmanager
 def quiet_libraries():
-    """Silence library warnings and progress bars during the demo, and restore the settings afterwards."""
+    """Silence library warnings, progress bars and DeepSpeed's CPU line during the demo, and restore the settings
+    afterwards."""
     import transformers
 
     verbosity = transformers.logging.get_verbosity()
@@ -51,11 +62,14 @@ def quiet_libraries():
         datasets.disable_progress_bars()
     except (ImportError, AttributeError):
         datasets, datasets_bars = None, False
+    deepspeed_logger = logging.getLogger("DeepSpeed")
+    deepspeed_logger.addFilter(_not_deepspeed_cpu_line)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
+        deepspeed_logger.removeFilter(_not_deepspeed_cpu_line)
         transformers.logging.set_verbosity(verbosity)
         if bars:
             transformers.utils.logging.enable_progress_bar()
