@@ -223,18 +223,6 @@ def test_config_defaults_and_relax(tmp_path):
     assert DGPOConfig(output_dir=str(tmp_path), use_cpu=True, policy_loss="band").policy_loss == "band"
 
 
-def test_trainer_rejects_plain_grpo_config(tiny_model_dir, tmp_path):
-    from trl import GRPOConfig
-
-    with pytest.raises(TypeError, match="PolicyLossConfig"):
-        BandPOTrainer(
-            model=tiny_model_dir,
-            reward_funcs=shaped_reward,
-            args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none"),
-            train_dataset=addition_dataset(),
-        )
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(
     shutil.which("accelerate") is None

@@ -20,11 +20,33 @@ _LAZY = {
     "PolicyLossTrainer": "trainer",
     "BandPOTrainer": "trainer",
     "DGPOTrainer": "trainer",
+    "AsyncPolicyLossConfig": "async_trainer",
+    "AsyncBandPOConfig": "async_trainer",
+    "AsyncDGPOConfig": "async_trainer",
+    "AsyncPolicyLossTrainer": "async_trainer",
+    "AsyncBandPOTrainer": "async_trainer",
+    "AsyncDGPOTrainer": "async_trainer",
 }
 
-__all__ = ["DIVERGENCES", "POLICY_LOSSES", "band_bounds", "policy_bounds", "policy_loss", *_LAZY]
+# The async classes stay out of `import *`: they import TRL's experimental API (which warns on import).
+__all__ = [
+    "DIVERGENCES",
+    "POLICY_LOSSES",
+    "band_bounds",
+    "policy_bounds",
+    "policy_loss",
+    *(name for name in _LAZY if not name.startswith("Async")),
+]
 
 if TYPE_CHECKING:
+    from .async_trainer import (  # noqa: F401
+        AsyncBandPOConfig,
+        AsyncBandPOTrainer,
+        AsyncDGPOConfig,
+        AsyncDGPOTrainer,
+        AsyncPolicyLossConfig,
+        AsyncPolicyLossTrainer,
+    )
     from .configs import BandPOConfig, DGPOConfig, PolicyLossConfig  # noqa: F401
     from .trainer import BandPOTrainer, DGPOTrainer, PolicyLossTrainer  # noqa: F401
 

@@ -13,13 +13,24 @@ method against the installed TRL's outside the fences, and `tests/test_trl_parit
 
 from __future__ import annotations
 
+import warnings
+
 import torch
-from trl import GRPOTrainer
+from transformers.utils import logging
+from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from .adaptive_radius import OLD_ENTROPIES_KEY, AdaptiveRadius
 from .checkpointing import GenerationBufferCheckpointing
-from .configs import TRL_PER_TOKEN_LOSS_TYPES, BandPOConfig, DGPOConfig, PolicyLossConfig
+from .configs import (
+    TRL_PER_TOKEN_LOSS_TYPES,
+    BandPOConfig,
+    DGPOConfig,
+    PolicyLossConfig,
+    is_library_file,
+    user_frame,
+    with_policy_loss_fields,
+)
 from .dynamic_sampling import DynamicSampling
 from .losses import policy_loss_spec
 from .metrics import CountMetrics, clip_counts
@@ -27,6 +38,8 @@ from .metrics import CountMetrics, clip_counts
 __all__ = ["BandPOTrainer", "DGPOTrainer", "PolicyLossTrainer"]
 
 _BOUND_KEYS = ("policy_lower_bound", "policy_upper_bound")
+
+logger = logging.get_logger(__name__)
 
 
 class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSampling, AdaptiveRadius, GRPOTrainer):
@@ -64,26 +77,41 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
             method = self.config_class.__name__.removesuffix("Config")
             args = self.config_class(f"{model_name.split('/')[-1]}-{method}")
         if not isinstance(args, PolicyLossConfig):
-            raise TypeError(
-                f"{type(self).__name__} needs a PolicyLossConfig (BandPOConfig or DGPOConfig), got "
-                f"{type(args).__name__}; use BandPOConfig or DGPOConfig in place of GRPOConfig (they take its fields)."
+            if not isinstance(args, GRPOConfig):
+                raise TypeError(
+                    f"{type(self).__name__} needs a GRPOConfig ({self.config_class.__name__}, or any GRPOConfig "
+                    f"subclass), got {type(args).__name__}."
+                )
+            given = type(args).__name__
+            args = with_policy_loss_fields(args, self.config_class)
+            logger.warning_once(
+                f"{type(self).__name__} got a {given}: it keeps its fields and values and "
+                f"adds {self.config_class.__name__}'s with their defaults (policy_loss={args.policy_loss!r}). To "
+                f"set them, derive your config from {self.config_class.__name__} instead of GRPOConfig."
             )
-        super().__init__(
-            model,
-            reward_funcs,
-            args=args,
-            train_dataset=train_dataset,
-            eval_dataset=eval_dataset,
-            processing_class=processing_class,
-            reward_processing_classes=reward_processing_classes,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            quantization_config=quantization_config,
-            peft_config=peft_config,
-            tools=tools,
-            rollout_func=rollout_func,
-            environment_factory=environment_factory,
-        )
+        # TRL's own warnings (e.g. experimental features) are attributed to the user's line, not to ours.
+        caught = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                super().__init__(
+                    model,
+                    reward_funcs,
+                    args=args,
+                    train_dataset=train_dataset,
+                    eval_dataset=eval_dataset,
+                    processing_class=processing_class,
+                    reward_processing_classes=reward_processing_classes,
+                    callbacks=callbacks,
+                    optimizers=optimizers,
+                    quantization_config=quantization_config,
+                    peft_config=peft_config,
+                    tools=tools,
+                    rollout_func=rollout_func,
+                    environment_factory=environment_factory,
+                )
+        finally:
+            _warn_again_at_the_callers_line(caught)
         self.policy_loss = args.policy_loss
         self._policy = policy_loss_spec(args.policy_loss)
         # Read from the config through the loss's registry entry: the fields it reads, checked, as keywords.
@@ -104,7 +132,10 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
     # -- bounds once per generation batch --------------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+        if self.args.old_logps_source == "rollout":
+            output = self._generate_with_rollout_old_logps(inputs)
+        else:
+            output = super()._generate_and_score_completions(inputs)
         old_entropies = output.pop(OLD_ENTROPIES_KEY, None)
         old_logps = output.get("old_per_token_logps")
         if old_logps is not None and self.loss_type not in TRL_PER_TOKEN_LOSS_TYPES:
@@ -116,6 +147,79 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
             if torch.is_tensor(lower):  # per-token bounds travel with the batch through TRL's split and shuffle
                 output[_BOUND_KEYS[0]], output[_BOUND_KEYS[1]] = lower, upper
         return output
+
+    # -- the engine's sampling log-probs as the old policy (`old_logps_source="rollout"`) ---------------------------
+    # docs/off-policy-and-async.md. GRPOTrainer's generation calls `_generate`, then its old-policy pass through
+    # `self.model` (when `gradient_accumulation_steps` is no multiple of `steps_per_generation * num_iterations`; its
+    # other trigger, vLLM's importance-sampling correction, is refused with "rollout"), then the reference pass. So
+    # the first policy pass after `_generate` is the old-policy one: it is skipped, and the engine's log-probs replace
+    # its result once generation is done.
+
+    def _generate_with_rollout_old_logps(self, inputs):
+        if self._adaptive_radius_enabled():
+            raise ValueError(
+                "a radius_fn (adaptive Band radius) cannot be used with old_logps_source='rollout': it reads the old "
+                "policy's entropies, which vLLM does not return. Use old_logps_source='trainer'."
+            )
+        if self.vllm_mode == "server" and self.accelerator.is_main_process and not self._logprobs_mode_checked:
+            self._logprobs_mode_checked = True
+            logprobs_mode = self.vllm_generation.vllm_client.get_server_info()["model_config"]["logprobs_mode"]
+            if logprobs_mode != "processed_logprobs":
+                logger.warning(
+                    f"old_logps_source='rollout' takes the vLLM server's log-probs as the old policy, but the server "
+                    f"runs with `--logprobs-mode {logprobs_mode}`: unless sampling leaves the logits as they are "
+                    "(temperature 1, no top-p, top-k, min-p or repetition penalty), these are not the probabilities "
+                    "the tokens were sampled with. Restart it with `--logprobs-mode processed_logprobs` (the default "
+                    "of `trl vllm-serve`)."
+                )
+        self._skipped_old_policy_passes = 0
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._skip_old_policy_pass = False
+        sampling = output.get("sampling_per_token_logps")
+        if sampling is None:
+            raise RuntimeError(
+                "old_logps_source='rollout' needs the log-probs vLLM sampled each token with, but this generation "
+                "returned none (a rollout_func that returns no 'logprobs'?)."
+            )
+        completion_mask = output["completion_mask"]
+        if self._skipped_old_policy_passes:  # the passes skipped returned NaN: they must be what TRL stored as old
+            stored = output.get("old_per_token_logps")
+            if stored is None or not bool(torch.isnan(stored[completion_mask > 0]).all()):
+                raise RuntimeError(
+                    "old_logps_source='rollout' skipped a policy pass during generation that was not GRPOTrainer's "
+                    "old-policy pass (a TRL version this package was not tested with?)."
+                )
+        # A token vLLM could not score (NaN log-prob) has no old probability: it leaves the loss (through
+        # `tool_mask`, which masks the loss but not attention) and the normaliser, and is counted.
+        mask = completion_mask if "tool_mask" not in output else completion_mask * output["tool_mask"]
+        scored = torch.isfinite(sampling)
+        output["old_per_token_logps"] = torch.where(scored, sampling, torch.zeros_like(sampling))
+        output["tool_mask"] = scored.to(mask.dtype) if "tool_mask" not in output else output["tool_mask"] * scored
+        output["num_items_in_batch"] = self.accelerator.gather((completion_mask * output["tool_mask"]).sum()).sum()
+        unscored = (~scored & (mask > 0)).sum().float(), (mask > 0).sum().float()
+        self._add_counts("train" if self.model.training else "eval", {"sampling/unscored_token_share": unscored})
+        return output
+
+    _logprobs_mode_checked = False
+
+    def _generate(self, prompts):
+        result = super()._generate(prompts)
+        if self.args.old_logps_source == "rollout":
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            self._skip_old_policy_pass = self.args.gradient_accumulation_steps % generate_every != 0
+        return result
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        if getattr(self, "_skip_old_policy_pass", False) and model is self.model:
+            self._skip_old_policy_pass = False
+            self._skipped_old_policy_passes += 1
+            skipped = torch.full((input_ids.size(0), logits_to_keep), float("nan"), device=input_ids.device)
+            return skipped, None, None
+        return super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+        )
 
     # -- the loss: TRL 1.16's GRPOTrainer._compute_loss, verbatim but for the fenced blocks ----------------------
     # Copyright 2020-2026 The HuggingFace Team (Apache-2.0). Each change of ours sits between a
@@ -395,6 +499,20 @@ class PolicyLossTrainer(CountMetrics, GenerationBufferCheckpointing, DynamicSamp
             self._add_counts(mode, counts)
         # trl-bandpo end
         return loss
+
+
+def _warn_again_at_the_callers_line(caught) -> None:
+    """Emit recorded warnings again, those raised by library code attributed to the first frame outside it."""
+    frame, _ = user_frame()
+    for record in caught:
+        if is_library_file(record.filename):
+            registry = frame.f_globals.setdefault("__warningregistry__", {})
+            where = dict(
+                filename=frame.f_code.co_filename, lineno=frame.f_lineno, module=frame.f_globals.get("__name__")
+            )
+            warnings.warn_explicit(record.message, record.category, registry=registry, **where)
+        else:
+            warnings.warn_explicit(record.message, record.category, record.filename, record.lineno)
 
 
 class BandPOTrainer(PolicyLossTrainer):

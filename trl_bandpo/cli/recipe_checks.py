@@ -123,7 +123,7 @@ def check_recipe_types(recipe: dict, dataclass_types: Iterable[type], where: str
 
 #: Fields `PolicyLossConfig` adds that every policy loss honours, plain GRPO (`policy_loss="clip"`) included: setting
 #: them needs no explicit `policy_loss`.
-ANY_LOSS_FIELDS = ("dynamic_sampling", "dynamic_sampling_max_rounds")
+ANY_LOSS_FIELDS = ("dynamic_sampling", "dynamic_sampling_max_rounds", "old_logps_source")
 
 
 def loss_specific_fields() -> tuple[str, ...]:
