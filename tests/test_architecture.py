@@ -29,6 +29,7 @@ LAYERS = {
     "adaptive_radius": 2,
     "dynamic_sampling": 2,
     "trainer": 2,
+    "async_trainer": 2,
     "answers": 3,
     "dapo_scorer": 3,
     "math_reward": 3,

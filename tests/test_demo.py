@@ -3,10 +3,11 @@
 import json
 import math
 import re
+import warnings
 
 import pytest
 
-from trl_bandpo import demo
+from trl_bandpo import PolicyLossConfig, demo
 
 SMALL = [
     "--methods", "grpo,bandpo",
@@ -27,16 +28,47 @@ SMALL = [
 ]  # fmt: skip
 
 
+#: The RL progress bars of the `small_run` fixture: (total, description, steps counted when closed).
+BARS: list[tuple] = []
+
+
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     import io
     from contextlib import redirect_stdout
 
+    from trl_bandpo.demo import cli
+
+    def recording_bar(**kwargs):  # a disabled (--quiet) tqdm counts nothing: count the updates here
+        bar = progress_bar(**kwargs)
+        close, update, counted, closed = bar.close, bar.update, [0], []
+
+        def count_and_update(n=1):
+            counted[0] += n
+            return update(n)
+
+        def record_and_close():  # once: tqdm's __del__ closes again
+            if kwargs.get("desc", "").startswith("RL") and not closed:
+                BARS.append((kwargs.get("total"), kwargs["desc"], counted[0]))
+            closed.append(True)
+            close()
+
+        bar.update, bar.close = count_and_update, record_and_close
+        return bar
+
+    progress_bar = cli.progress_bar
     buffer = io.StringIO()
-    with redirect_stdout(buffer):
+    with pytest.MonkeyPatch.context() as patch, redirect_stdout(buffer):
+        patch.setattr(cli, "progress_bar", recording_bar)
         assert demo.main([*SMALL, "--output-dir", str(out)]) == 0
     return out, buffer.getvalue()
+
+
+def test_one_progress_bar_per_method_with_its_true_total(small_run):
+    """4 steps per method: one bar per method of total 4, named after it, full at the end (not one bar of
+    4 x methods whose first ETA covers every method)."""
+    assert BARS == [(4, "RL GRPO", 4), (4, "RL BandPO", 4)]
 
 
 def _table(summary: str):
@@ -142,6 +174,14 @@ def test_method_settings_and_arguments():
     assert demo.method_settings("relaxed_band", 0.05)["epsilon_high"] == 0.28
     assert demo.method_settings("dcpo", 0.05)["epsilon"] == 0.16
     assert demo.method_settings("aspo", 0.05)["policy_loss"] == "aspo"
+    dppo = demo.method_settings("dppo", 0.02)
+    assert (dppo["policy_loss"], dppo["dppo_kl_radius"], dppo["dppo_ratio_cap"]) == ("dppo_kl", 0.02, 10000.0)
+    assert "epsilon" not in demo.method_settings("band", 0.05)  # Band does not read epsilon: setting it would warn
+    for name in ("bandpo", "dppo", "band", "band_dgpo"):  # every method builds a config without "no effect" warnings
+        fields = {k: v for k, v in demo.method_settings(name, 0.02).items() if k != "label"}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*no effect.*")
+            PolicyLossConfig(output_dir="unused", use_cpu=True, report_to="none", **fields)
     with pytest.raises(ValueError, match="unknown method"):
         demo.method_settings("ppo2", 0.05)
     with pytest.raises(SystemExit):

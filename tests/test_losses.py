@@ -50,6 +50,11 @@ def expected_bounds(name, p, hp):
         lo = 0.5 + 0.5 * math.sqrt(max(1 - 4 * el / p, 0.0))
         hi = min(0.5 + 0.5 * math.sqrt(1 + 4 * eh / p), hp.get("upper_max", 10.0))
         return lo, hi
+    if name == "dppo_kl":  # the KL region of radius 0.05 uncapped: the table (its uppers are all below any cap)
+        return BAND_KL_005[p]
+    if name == "dppo_tv":  # |q - p| <= radius on each side, within the simplex [0, 1/p]
+        low, high = (hp.get(k, hp.get("radius", 0.15)) for k in ("radius_low", "radius_high"))
+        return max(0.0, 1 - low / p), min(1 / p, 1 + high / p)
     return 1 - hp.get("epsilon_low", 0.2), 1 + hp.get("epsilon_high", 0.2)
 
 
@@ -88,6 +93,9 @@ def expected_weight(name, r, a, lo, hi, hp):
         return c_neg if r > c_neg else r
     if name == "cispo":  # the DGPO paper's CISPO: both-sided clipped weight everywhere, never 0
         return min(max(r, lo), hi)
+    if name in ("dppo_tv", "dppo_kl"):  # masked where the token left the region on its advantage's side
+        cap = hp.get("ratio_cap", 20.0)
+        return 0.0 if reg in ("LN", "HP") else (r if cap is None else min(r, cap))
     if name in ("dgpo", "band_dgpo"):  # band_dgpo: the same decay outside the Band bounds (docs/extensions.md)
         n, m = hp.get("n", 1), hp.get("m", 2.0)
         if reg == "LN":
@@ -121,6 +129,9 @@ def dgpo_surrogate_value(pi, p, a, lo, hi, n, m):
 def expected_value(name, r, a, lo, hi, hp, pi, p):
     if name == "cispo":  # forward value: -A times the clipped ratio
         return -a * min(max(r, lo), hi)
+    if name in ("dppo_tv", "dppo_kl"):  # forward value: -A times the truncated ratio
+        cap = hp.get("ratio_cap", 20.0)
+        return -a * (r if cap is None else min(r, cap))
     if name in CLIPPED:
         return trl_clip_value(r, a, lo, hi, hp.get("delta"))
     if name in ("dgpo", "band_dgpo"):
@@ -153,6 +164,8 @@ HP_CASES = {
     "aspo": [{}, {"epsilon_high": 0.28}, {"c_pos": 2.0, "c_neg": 5.0}],
     "cispo": [{}, {"epsilon_low": 0.1, "epsilon_high": 0.28}],
     "band_dgpo": [{}, {"n": 2, "m": 2.0}, {"n": 3, "m": 1.5}],
+    "dppo_tv": [{}, {"ratio_cap": None}, {"ratio_cap": 1.1, "radius": 0.05}, {"radius_low": 0.05, "radius_high": 0.3}],
+    "dppo_kl": [{}, {"ratio_cap": 1.1}, {"ratio_cap": None}],
 }
 CASES = [(name, hp) for name in POLICY_LOSSES for hp in HP_CASES[name]]
 
@@ -167,7 +180,9 @@ def _critical_points(name, lo, hi, hp):
         pts.append(hp["delta"])
     if name == "aspo":
         pts += [1 / hp.get("c_pos", 3.0), hp.get("c_neg", 3.0)]
-    return pts
+    if name.startswith("dppo") and hp.get("ratio_cap", 20.0) is not None:
+        pts.append(hp.get("ratio_cap", 20.0))
+    return [c for c in pts if c > 0]  # a saturated lower bound (0) is no boundary any ratio can sit on
 
 
 @pytest.mark.parametrize("name,hp", CASES, ids=[f"{n}-{h}" for n, h in CASES])
@@ -433,6 +448,8 @@ SAFETY_HP = {
     "aspo": [{}],
     "cispo": [{}, {"epsilon_low": 0.1, "epsilon_high": 0.28}],
     "band_dgpo": [{}, {"upper_max": None, "n": 2}],
+    "dppo_tv": [{}, {"ratio_cap": None, "radius": 0.5}],
+    "dppo_kl": [{}, {"ratio_cap": None}],
 }
 
 
@@ -553,6 +570,7 @@ def test_unknown_name_raises_value_error_listing_names():
     for name in POLICY_LOSSES:
         assert name in str(info.value)
     builtin = {"clip", "band", "relaxed_band", "dgpo", "gppo", "ce_gppo", "aspo", "dcpo", "cispo", "band_dgpo"}
+    builtin |= {"dppo_tv", "dppo_kl"}
     assert set(POLICY_LOSSES) == builtin
 
 
@@ -588,3 +606,33 @@ def test_policy_bounds_returns_each_losss_bounds():
     assert lower[0, 1].item() == pytest.approx(0.5) and upper[0, 1].item() == pytest.approx(0.5 + 0.5 * 2.6**0.5)
     with pytest.raises(TypeError, match="unknown hyperparameters"):
         policy_bounds("clip", old, radius=0.05)
+
+
+@pytest.mark.parametrize(
+    "tensor, dtype",
+    [(torch.tensor([[-1, -2]]), "torch.int64"), (torch.tensor([[-1.0 + 0j, -0.5 + 0j]]), "torch.complex64")],
+    ids=["int64", "complex"],
+)
+@pytest.mark.parametrize("which", ["logps", "old_logps"])
+@pytest.mark.parametrize("name", ["clip", "band", "dgpo"])
+def test_policy_loss_names_a_non_float_tensor_by_its_dtype(tensor, dtype, which, name):
+    good = torch.log(torch.tensor([[0.3, 0.6]]))
+    logps, old_logps = (tensor, good) if which == "logps" else (good, tensor)
+    with pytest.raises(ValueError, match=rf"^{which} must be floating point, got dtype {dtype}\.$"):
+        policy_loss(name, logps, old_logps, torch.tensor([1.0]))
+
+
+def test_dcpo_upper_max_none_is_no_cap():
+    """`upper_max=None` means no cap, as for the Band: DCPO's upper bound at p = 0.001 with eps_high = 0.2 is
+    1/2 + 1/2 sqrt(1 + 0.8 / 0.001) = 1/2 + 1/2 sqrt(801) (about 14.65, above the default cap of 10)."""
+    from trl_bandpo.losses import dcpo_bounds
+
+    old = torch.log(torch.tensor([[0.001, 0.5]], dtype=torch.float64))
+    lower, upper = policy_bounds("dcpo", old, upper_max=None)
+    assert upper[0, 0].item() == pytest.approx(0.5 + 0.5 * 801**0.5, rel=1e-12)
+    assert upper[0, 1].item() == pytest.approx(0.5 + 0.5 * 2.6**0.5, rel=1e-12)
+    assert policy_bounds("dcpo", old)[1][0, 0].item() == 10.0  # the default cap
+    lower, upper = dcpo_bounds(old, upper_max=None)
+    assert upper[0, 0].item() == pytest.approx(0.5 + 0.5 * 801**0.5, rel=1e-12)
+    loss = policy_loss("dcpo", old.clone().requires_grad_(), old, torch.tensor([1.0]), upper_max=None)
+    assert bool(torch.isfinite(loss).all())

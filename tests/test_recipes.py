@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import yaml
 
 from trl_bandpo.cli.recipe import ConfigError, make_parser, parse_args
 from trl_bandpo.cli.train import main, trainer_class_for, validation_settings
+from trl_bandpo.losses import policy_loss_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -63,6 +65,8 @@ METHODS = {
     "ce-gppo": ("ce_gppo", None),
     "aspo": ("aspo", None),
     "dgpo": ("dgpo", None),
+    "dppo-tv-0.15": ("dppo_tv", None),  # DPPO-Binary in BandPO's setting (docs/band-and-dppo.md)
+    "dppo-kl-0.05": ("dppo_kl", None),
 }
 DEFAULT_LOSS_TYPE = {"bandpo": "grpo", "dgpo": "dapo", "lora": "grpo"}
 # Keys allowed to differ between the recipes of one (folder, model): the policy loss and the run's name.
@@ -70,7 +74,7 @@ POLICY_KEYS = {
     "policy_loss", "band_divergence", "band_radius", "band_upper_max", "epsilon", "epsilon_high",
     "delta", "loss_type", "dgpo_n", "dgpo_m", "ce_gppo_beta1", "ce_gppo_beta2", "aspo_c_pos", "aspo_c_neg",
     "output_dir", "run_name", "band_radius_by", "band_radius_exponent", "band_radius_min", "band_radius_max",
-    "dynamic_sampling", "dynamic_sampling_max_rounds",
+    "dynamic_sampling", "dynamic_sampling_max_rounds", "dppo_tv_radius", "dppo_kl_radius", "dppo_ratio_cap",
 }  # fmt: skip
 
 
@@ -108,7 +112,15 @@ def test_recipe_set_is_complete():
     names = {str(path.relative_to(RECIPES)) for path in RECIPE_FILES}
     for model in ("qwen2.5-3b-instruct", "deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b",
                   "deepseek-r1-distill-llama-8b"):  # fmt: skip
-        for method in ("grpo", "clip-higher", "band-kl-0.05", "relaxed-band-kl-0.05", "dcpo"):
+        for method in (
+            "grpo",
+            "clip-higher",
+            "band-kl-0.05",
+            "relaxed-band-kl-0.05",
+            "dcpo",
+            "dppo-tv-0.15",
+            "dppo-kl-0.05",
+        ):
             assert f"bandpo/{model}_{method}.yaml" in names
         assert f"bandpo/{model}_band-kl-0.05_vllm-server.yaml" in names
         assert {f"bandpo/{model}_band-tv-0.05.yaml", f"bandpo/{model}_band-chi2-0.05.yaml"} <= names
@@ -119,7 +131,7 @@ def test_recipe_set_is_complete():
             assert f"dgpo/{model}_{method}.yaml" in names
         assert f"dgpo/{model}_dgpo_vllm-server.yaml" in names
     for model in ("qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct"):
-        for method in ("grpo", "band-kl-0.05", "dgpo"):
+        for method in ("grpo", "band-kl-0.05", "dgpo", "dppo-tv-0.15", "dppo-kl-0.05"):
             assert f"lora/{model}_{method}.yaml" in names
     assert (RECIPES / "README.md").is_file()
 
@@ -127,7 +139,9 @@ def test_recipe_set_is_complete():
 @pytest.mark.parametrize("path", RECIPE_FILES, ids=RECIPE_IDS)
 def test_recipe_parses_and_matches_its_paper(path):
     folder, model, method, server = _split_name(path)
-    script_args, args, model_args = _parse(path)
+    with warnings.catch_warnings():  # a recipe sets no field its policy loss ignores
+        warnings.filterwarnings("error", message=".*no effect with policy_loss.*", category=UserWarning)
+        script_args, args, model_args = _parse(path)
 
     # Header: what, hardware, the launch command for this very file.
     header = _header(path)
@@ -154,6 +168,10 @@ def test_recipe_parses_and_matches_its_paper(path):
     assert args.dynamic_sampling == method.startswith("dynamic-")
     if method == "band-dgpo-kl-0.05":
         assert (args.dgpo_n, args.dgpo_m, args.delta) == (2, 2.0, None)
+    dppo = re.fullmatch(r"dppo-(kl|tv)-([\d.]+)", method)
+    if dppo:  # the DPPO authors' radius and C = 10,000 (truncation effectively off)
+        assert getattr(args, f"dppo_{dppo.group(1)}_radius") == float(dppo.group(2))
+        assert args.dppo_ratio_cap == 10000.0 and (args.dppo_radius_low, args.dppo_radius_high) == (None, None)
     if method in ("adaptive-band-kl-0.05", "band-dgpo-kl-0.05", "dynamic-band-kl-0.05"):
         assert "Extension beyond both papers (docs/extensions.md)" in header
 
@@ -191,7 +209,11 @@ def test_recipe_parses_and_matches_its_paper(path):
         assert validation["prompt_template"] == script_args.prompt_template  # validation prompted like training
         if folder == "bandpo":
             assert validation["benchmarks"] == ["aime2024", "aime2025", "amc2023"]
-            assert validation["scorer"] == {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "math_verify"}
+            assert validation["scorer"] == {
+                "aime2024": "dapo",
+                "aime2025": "dapo",
+                "amc2023": "math_reward",
+            }  # verl's math reward, as the authors
         else:
             assert set(validation["benchmarks"]) == {
                 "aime2024-math-ai", "aime2025-math-ai", "amc2023", "math500", "minerva", "olympiadbench"
@@ -204,11 +226,13 @@ def test_recipe_parses_and_matches_its_paper(path):
         assert (script_args.prompt_template, script_args.reward) == ("dapo", "dapo")
         assert script_args.max_prompt_tokens == 1024
         assert args.learning_rate == 1e-6 and args.beta == 0.001
-        assert args.delta == (None if method == "band-dgpo-kl-0.05" else 10.0)
+        assert args.delta == (None if method == "band-dgpo-kl-0.05" or method.startswith("dppo-") else 10.0)
         assert args.use_bias_correction_kl is False
         assert args.max_completion_length == 4096
         assert (args.adam_beta1, args.adam_beta2, args.weight_decay) == (0.9, 0.999, 0.01)
         expected_eps = {"grpo": (0.2, 0.2), "dcpo": (0.16, 0.2)}.get(method, (0.2, 0.28))
+        if "epsilon" not in policy_loss_spec(args.policy_loss).config_fields:
+            expected_eps = (0.2, None)  # TRL's defaults: a recipe sets no field its loss ignores (it would warn)
         assert (args.epsilon, args.epsilon_high) == expected_eps
     elif folder == "dgpo":
         assert script_args.dataset_name == ["dapo-math-17k-original"]  # DAPO-Math-17k as released
@@ -379,3 +403,33 @@ def test_accelerate_config_loads(name):
 
 def test_accelerate_configs_are_the_expected_set():
     assert {path.stem for path in ACCELERATE_CONFIGS.glob("*.yaml")} == set(ACCELERATE_EXPECTED)
+
+
+@pytest.mark.parametrize("path", [p for p in RECIPE_FILES if p.stem.endswith("_vllm-server")], ids=lambda p: p.stem)
+def test_server_header_describes_the_parallelism_its_command_starts(path):
+    """The header's 'tensor parallel N' / 'data parallel M' are the sizes its `trl vllm-serve` command passes."""
+    header = " ".join(line.lstrip("#").strip() for line in _header(path).splitlines())
+    command = re.search(r"trl vllm-serve .*", header).group(0)
+    tp = int(re.search(r"--tensor-parallel-size (\d+)", command).group(1))
+    dp = int(re.search(r"--data-parallel-size (\d+)", command).group(1)) if "--data-parallel-size" in command else 1
+    described = header[: header.index("trl vllm-serve")]
+    assert re.findall(r"tensor parallel (\d+)", described) == [str(tp)]
+    assert re.findall(r"data parallel (\d+)", described) in ([], [str(dp)])
+
+
+@pytest.mark.parametrize("path", RECIPE_FILES, ids=RECIPE_IDS)
+def test_every_recipe_parses_with_the_cpu_overrides(path, tmp_path):
+    """`trl-bandpo tiny-model`'s overrides turn any recipe into a CPU run that its 16 problems can feed: no bf16,
+    vLLM or validation benchmarks, two steps, 32-token completions, 4 prompts per generation batch."""
+    from trl_bandpo.cli.tiny_model import cpu_train_command
+
+    argv = cpu_train_command(tmp_path / "tiny", str(path)).split()[3:]  # after `HF_HUB_OFFLINE=1 trl-bandpo train`
+    script_args, args, model_args = parse_args(argv)
+    assert (args.use_cpu, args.bf16, args.use_vllm, args.max_steps, args.max_completion_length) == (
+        True, False, False, 2, 32
+    )  # fmt: skip
+    assert model_args.model_name_or_path == str(tmp_path / "tiny") and model_args.dtype == "float32"
+    assert script_args.dataset_name == [str(tmp_path / "tiny" / "problems.jsonl")]
+    assert validation_settings(script_args) is None
+    assert args.generation_batch_size // args.num_generations == 4 <= 16
+    assert args.steps_per_generation == 2 * args.gradient_accumulation_steps  # the second step off-policy

@@ -7,10 +7,15 @@ registry (`trl_bandpo.losses`, docs/adding-a-policy-loss.md): this module has no
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 
+import transformers
+import trl
 from trl import GRPOConfig
 
 from .band import DIVERGENCES, SOLVERS
@@ -65,6 +70,18 @@ class PolicyLossConfig(GRPOConfig):
             ASPO cap on the flipped weight 1/r of positive-advantage tokens.
         aspo_c_neg (`float`, defaults to `3.0`):
             ASPO cap on the weight r of negative-advantage tokens.
+        dppo_tv_radius (`float`, defaults to `0.15`):
+            DPPO-Binary-TV radius δ: a token is masked once `|q - p|` exceeds it in its advantage's direction (the
+            authors' setting).
+        dppo_kl_radius (`float`, defaults to `0.05`):
+            DPPO-Binary-KL radius δ on `KL(Bern(p) || Bern(q))` (the authors' setting).
+        dppo_radius_low (`float` or `None`, defaults to `None`):
+            DPPO radius on the lower side (`A < 0`) instead of the variant's radius (verl's `clip_ratio_low`).
+        dppo_radius_high (`float` or `None`, defaults to `None`):
+            DPPO radius on the upper side (`A > 0`) instead of the variant's radius (verl's `clip_ratio_high`).
+        dppo_ratio_cap (`float` or `None`, defaults to `20.0`):
+            DPPO's truncation `C` of the importance weight, `min(r, C)` (`None`: no truncation). 20 is verl's own
+            fallback; the authors' scripts set 10,000 (effectively off), as our DPPO recipes do.
 
         > Adaptive per-token radius (an extension, docs/extensions.md)
 
@@ -73,7 +90,8 @@ class PolicyLossConfig(GRPOConfig):
             `clip(band_radius * (H_t / H_mean) ** band_radius_exponent, band_radius_min, band_radius_max)`, `H_t` the
             old policy's entropy at t and `H_mean` its mean over the generation batch.
         band_radius_exponent (`float`, defaults to `1.0`):
-            Exponent alpha of the entropy ratio.
+            Exponent alpha >= 0 of the entropy ratio (0: one radius for every token; a negative one is refused: it
+            would widen the Band of confident tokens and tighten that of uncertain ones).
         band_radius_min (`float`, defaults to `0.005`):
             Smallest per-token radius.
         band_radius_max (`float`, defaults to `0.5`):
@@ -88,6 +106,14 @@ class PolicyLossConfig(GRPOConfig):
         dynamic_sampling_max_rounds (`int`, defaults to `3`):
             Extra generation rounds allowed per generation batch; when they run out the batch trains with what it
             has (the missing groups masked out) and `dynamic_sampling/filled_share` says how full it was.
+
+        > Old policy of the ratio (docs/off-policy-and-async.md)
+
+        old_logps_source (`str`, defaults to `"trainer"`):
+            Where the old log-probs of the ratio and of every loss's bounds come from: `"trainer"` (TRL's forward pass
+            of the trainer's model, or the current log-probs when TRL skips it) or `"rollout"` (the log-probs vLLM
+            returned with each sampled token; needs `use_vllm=True` and `vllm_importance_sampling_correction=False`,
+            and skips the trainer's old-policy pass).
     """
 
     policy_loss: str = field(
@@ -106,10 +132,23 @@ class PolicyLossConfig(GRPOConfig):
     ce_gppo_beta2: float = field(default=1.0, metadata={"help": "CE-GPPO right-boundary weight scale."})
     aspo_c_pos: float = field(default=3.0, metadata={"help": "ASPO cap on 1/r for positive advantages."})
     aspo_c_neg: float = field(default=3.0, metadata={"help": "ASPO cap on r for negative advantages."})
+    dppo_tv_radius: float = field(default=0.15, metadata={"help": "DPPO-Binary-TV radius delta."})
+    dppo_kl_radius: float = field(default=0.05, metadata={"help": "DPPO-Binary-KL radius delta."})
+    dppo_radius_low: float | None = field(
+        default=None, metadata={"help": "DPPO radius for negative advantages (None: the variant's radius)."}
+    )
+    dppo_radius_high: float | None = field(
+        default=None, metadata={"help": "DPPO radius for positive advantages (None: the variant's radius)."}
+    )
+    dppo_ratio_cap: float | None = field(
+        default=20.0, metadata={"help": "DPPO truncation C of the importance weight min(r, C); None: no truncation."}
+    )
     band_radius_by: str | None = field(
         default=None, metadata={"help": "Per-token Band radius: None (one radius for every token) or 'entropy'."}
     )
-    band_radius_exponent: float = field(default=1.0, metadata={"help": "Exponent of H_t / H_mean in the radius."})
+    band_radius_exponent: float = field(
+        default=1.0, metadata={"help": "Exponent (>= 0) of H_t / H_mean in the radius."}
+    )
     band_radius_min: float = field(default=0.005, metadata={"help": "Smallest per-token Band radius."})
     band_radius_max: float = field(default=0.5, metadata={"help": "Largest per-token Band radius."})
     dynamic_sampling: bool = field(
@@ -117,6 +156,14 @@ class PolicyLossConfig(GRPOConfig):
     )
     dynamic_sampling_max_rounds: int = field(
         default=3, metadata={"help": "Extra generation rounds allowed per batch with dynamic_sampling."}
+    )
+    old_logps_source: str = field(
+        default="trainer",
+        metadata={
+            "help": "Old log-probs of the ratio and the bounds: 'trainer' (TRL's forward pass) or 'rollout' (the "
+            "log-probs vLLM sampled with; use_vllm only).",
+            "choices": ["trainer", "rollout"],
+        },
     )
 
     def __post_init__(self):
@@ -148,18 +195,51 @@ class PolicyLossConfig(GRPOConfig):
         self._warn_unused_fields(spec)
         self._check_dynamic_sampling()
         self._check_adaptive_radius(spec)
+        self._check_old_logps_source()
+
+    def _check_old_logps_source(self):
+        """`old_logps_source="rollout"` takes the engine's sampling log-probs as the old policy: it needs vLLM, and
+        refuses the two settings that would read the old policy's trainer-side pass it skips."""
+        if self.old_logps_source not in ("trainer", "rollout"):
+            raise ValueError(f"old_logps_source must be 'trainer' or 'rollout', got {self.old_logps_source!r}.")
+        if self.old_logps_source == "trainer":
+            return
+        if not self.use_vllm:
+            raise ValueError(
+                "old_logps_source='rollout' needs use_vllm=True: the old log-probs are those vLLM returns with each "
+                "sampled token, and generation without vLLM returns none. Use old_logps_source='trainer'."
+            )
+        if self.vllm_importance_sampling_correction:
+            raise ValueError(
+                "old_logps_source='rollout' cannot be combined with vllm_importance_sampling_correction=True (TRL's "
+                "default): the ratio is already taken against the engine's log-probs, so TRL's correction of the "
+                "engine/trainer mismatch would apply a second time. Set vllm_importance_sampling_correction=False."
+            )
+        if self.band_radius_by is not None:
+            raise ValueError(
+                f"band_radius_by={self.band_radius_by!r} cannot be combined with old_logps_source='rollout': the "
+                "adaptive radius reads the old policy's entropies, which vLLM does not return (they come from the "
+                "trainer's old-policy pass that 'rollout' skips). Use old_logps_source='trainer' or "
+                "band_radius_by=None."
+            )
 
     def _check_adaptive_radius(self, spec):
         if isinstance(self.band_radius_by, str) and self.band_radius_by.strip().lower() in ("none", "null"):
             self.band_radius_by = None  # YAML / command-line spelling of None
         if self.band_radius_by not in (None, "entropy"):
             raise ValueError(f"band_radius_by must be None or 'entropy', got {self.band_radius_by!r}.")
-        for name, low in (("band_radius_exponent", None), ("band_radius_min", 0.0), ("band_radius_max", 0.0)):
+        for name in ("band_radius_exponent", "band_radius_min", "band_radius_max"):
             value = getattr(self, name)
             real = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if not real or not math.isfinite(value) or (low is not None and value <= low):
-                allowed = "a finite number" if low is None else "a finite number > 0"
-                raise ValueError(f"{name} must be {allowed}, got {value!r}.")
+            if name == "band_radius_exponent":
+                if not real or not math.isfinite(value) or value < 0:
+                    raise ValueError(
+                        f"band_radius_exponent must be a finite number >= 0 (0: one radius for every token; a "
+                        f"negative exponent would give confident tokens the wider Band, the method reversed), got "
+                        f"{value!r}."
+                    )
+            elif not real or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
         if self.band_radius_min > self.band_radius_max:
             raise ValueError(
                 f"band_radius_min ({self.band_radius_min!r}) must not exceed band_radius_max "
@@ -170,7 +250,7 @@ class PolicyLossConfig(GRPOConfig):
                 f"band_radius_by={self.band_radius_by!r} has no effect with policy_loss={self.policy_loss!r}, which "
                 "has no Band radius (use band, relaxed_band or band_dgpo).",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
 
     def _check_dynamic_sampling(self):
@@ -212,14 +292,18 @@ class PolicyLossConfig(GRPOConfig):
             if not hasattr(self, hp.field):
                 continue  # a run-time loss whose field lives in a config subclass: checked when selected
             value = getattr(self, hp.field)
+            if type(value).__module__.startswith("torch"):  # per-token tensors are for the pure API only
+                raise ValueError(f"{hp.field} must be a number in a config, got a {type(value).__name__}.")
             if value is None and hp.fallback_field is not None:
                 continue  # TRL reads the fallback field (checked under its own name)
             setattr(self, hp.field, hp.check(value, hp.field))
 
     def _warn_unused_fields(self, spec):
-        """Our loss fields set away from their default but ignored by the selected loss: say so, once, by name."""
+        """Loss fields set away from their default but ignored by the selected loss, ours and TRL's (`epsilon` means
+        nothing to Band): say so, once, by name."""
         read = set(spec.config_fields)
-        unused = [name for name in sorted(_loss_fields() - read) if getattr(self, name) != _default(type(self), name)]
+        candidates = _loss_fields() & {f.name for f in dataclasses.fields(self)}  # a user loss's fields may be absent
+        unused = [name for name in sorted(candidates - read) if getattr(self, name) != _default(type(self), name)]
         if unused:
             warnings.warn(
                 f"{', '.join(f'{name}={getattr(self, name)!r}' for name in unused)} "
@@ -227,7 +311,7 @@ class PolicyLossConfig(GRPOConfig):
                 f"does not read {'it' if len(unused) == 1 else 'them'} (docs/policy-losses.md lists what each loss "
                 "reads). Did you mean another policy_loss?",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=user_stacklevel(),
             )
 
 
@@ -245,11 +329,11 @@ _OWN_FIELDS = {f.name for f in dataclasses.fields(PolicyLossConfig)} - {f.name f
 
 
 def _loss_fields() -> set[str]:
-    """Our fields that some registered loss reads (its hyper-parameters)."""
+    """The fields, ours and TRL's (`epsilon`, `epsilon_high`, `delta`), that some registered loss reads."""
     fields = set()
     for spec in registered_policy_losses().values():
         fields |= set(spec.config_fields)
-    return fields & _OWN_FIELDS
+    return fields
 
 
 def _default(config_class, name: str):
@@ -298,3 +382,88 @@ class DGPOConfig(PolicyLossConfig):
         default="dgpo",
         metadata={"help": _POLICY_LOSS_HELP},
     )
+
+
+# -- Serving a config of the GRPOConfig family (a project's own `class MyConfig(GRPOConfig)`) -------------------------
+
+
+def with_policy_loss_fields(args: GRPOConfig, config_class: type[PolicyLossConfig]) -> PolicyLossConfig:
+    """`args` (a `GRPOConfig`, or a project's subclass of it with fields of its own) as an instance of a subclass of
+    both its class and `config_class`: every field keeps its value, ours get `config_class`'s defaults, and all are
+    checked as if the project's class had subclassed `config_class` in the first place.
+
+    The combined class is registered in this module under its name, so the trainer can save the config with the
+    model (`training_args.bin` is a pickle) in this process.
+    """
+    user_class = type(args)
+    name = f"{user_class.__name__}With{config_class.__name__.removesuffix('Config')}Fields"
+    combined = config_class if user_class in config_class.__mro__ else globals().get(name)  # a plain GRPOConfig
+    if combined is None or combined is not config_class and combined.__mro__[1:3] != (user_class, config_class):
+        combined = dataclass(type(name, (user_class, config_class), {"__module__": __name__, "__qualname__": name}))
+        globals()[name] = combined
+    # `generation_batch_size` is derived from `steps_per_generation` (or the reverse) when a config is built: pass
+    # one of them, as a user would, or GRPOConfig refuses the pair.
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
+    values.pop("generation_batch_size", None)
+    return combined(**values)
+
+
+def config_class_with_loss_fields(config_class: type[PolicyLossConfig], policy_loss: str) -> type[PolicyLossConfig]:
+    """`config_class`, extended by the config fields that the policy loss `policy_loss` (a name, or an import path
+    `package.module:loss` of a loss registered in user code) reads and `config_class` lacks, each with the default
+    of its keyword in the loss's functions: the recipe entry point uses it so that a recipe sets a user loss's
+    hyper-parameters like ours (docs/adding-a-policy-loss.md)."""
+    spec = policy_loss_spec(policy_loss)
+    present = {f.name for f in dataclasses.fields(config_class)}
+    missing = []
+    for hp in spec.hyperparameters:
+        if hp.field is None or hp.field in present or hp.field in {m[0] for m in missing}:
+            continue
+        default = _keyword_default(spec, hp.name)
+        kind = {bool: bool, int: int, float: float, str: str}.get(type(default), float)
+        annotation = kind | None if default is None else kind
+        help_text = f"{hp.name} of policy_loss {spec.name!r} (declared by its registry entry)."
+        missing.append((hp.field, annotation, field(default=default, metadata={"help": help_text})))
+    if not missing:
+        return config_class
+    name = f"{config_class.__name__}With{''.join(part.title() for part in spec.name.split('_'))}Fields"
+    extended = dataclasses.make_dataclass(name, missing, bases=(config_class,), namespace={"__module__": __name__})
+    globals()[name] = extended  # found by pickle in this process (the trainer saves the config)
+    return extended
+
+
+def _keyword_default(spec, keyword: str):
+    for function in (spec.bounds, spec.loss):
+        parameter = inspect.signature(function).parameters.get(keyword)
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            return parameter.default
+    return None
+
+
+# -- Warnings that point at the user's line ------------------------------------------------------------------------
+
+# Frames in these folders are library code: a warning is attributed to the first frame outside them (a dataclass's
+# generated `__init__` counts as library code too).
+_LIBRARY_FOLDERS = tuple(
+    os.path.dirname(module.__file__) + os.sep
+    for module in (sys.modules[__name__.rpartition(".")[0]], trl, transformers)
+)
+
+
+def is_library_file(filename: str) -> bool:
+    return filename.startswith(_LIBRARY_FOLDERS) or filename == "<string>"
+
+
+def user_frame(depth: int = 1):
+    """`(frame, stacklevel)` of the first frame outside trl_bandpo, TRL and transformers (the user's line), searched
+    from the frame `depth` levels above this function (1: its caller), which is `stacklevel` 1."""
+    frame, level = sys._getframe(depth), 1
+    while frame.f_back is not None and is_library_file(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return frame, level
+
+
+def user_stacklevel() -> int:
+    """The `stacklevel` for `warnings.warn` called right where this is called that attributes the warning to the
+    user's line."""
+    return user_frame(2)[1]

@@ -9,6 +9,7 @@ them on tensors.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -214,10 +215,40 @@ def registered_policy_losses() -> Mapping[str, PolicyLossSpec]:
 
 
 def policy_loss_spec(name: str) -> PolicyLossSpec:
-    """The registered `PolicyLossSpec` for `name`, or a ValueError listing the allowed names."""
+    """The registered `PolicyLossSpec` for `name`, or a ValueError listing the allowed names.
+
+    `name` may also be an import path `package.module:loss` (as prime-rl's `import_path` and slime's custom loss
+    path): the module is imported (it registers the loss) and the loss registered as `loss` is returned.
+    """
+    if isinstance(name, str) and ":" in name and name not in _REGISTRY:
+        return _REGISTRY[_import_policy_loss(name)]
     if not isinstance(name, str) or name not in _REGISTRY:
-        raise ValueError(f"policy_loss must be one of {list(_REGISTRY)}, got {name!r}.")
+        raise ValueError(
+            f"policy_loss must be one of {list(_REGISTRY)} or an import path 'package.module:loss' of a module that "
+            f"registers it, got {name!r}."
+        )
     return _REGISTRY[name]
+
+
+def _import_policy_loss(path: str) -> str:
+    """Import the module of `path` (`package.module:loss`) and return the name of the loss it registered."""
+    module, _, loss = path.partition(":")
+    if not module or not loss or ":" in loss:
+        raise ValueError(f"policy_loss={path!r}: an import path is 'package.module:loss', with one ':'.")
+    try:
+        importlib.import_module(module)
+    except Exception as error:  # noqa: BLE001 - whatever the user's module raises, name it
+        raise ValueError(
+            f"policy_loss={path!r}: cannot import {module!r} ({type(error).__name__}: {error}); it must be importable "
+            "from where training runs (installed, or on PYTHONPATH)."
+        ) from error
+    if loss not in _REGISTRY:
+        raise ValueError(
+            f"policy_loss={path!r}: importing {module!r} registered no policy loss named {loss!r} "
+            f"(registered: {list(_REGISTRY)}); the module must call "
+            f"register_policy_loss(PolicyLossSpec({loss!r}, ...))."
+        )
+    return loss
 
 
 def _split_hyperparameters(name: str, spec: PolicyLossSpec, hyperparameters: dict):
@@ -296,8 +327,10 @@ def policy_loss(
     spec = policy_loss_spec(name)
     bound_kwargs, loss_kwargs = _split_hyperparameters(name, spec, hyperparameters)
     for label, tensor in (("logps", logps), ("old_logps", old_logps)):
-        if not torch.is_tensor(tensor) or not tensor.is_floating_point():
+        if not torch.is_tensor(tensor):
             raise ValueError(f"{label} must be a floating-point tensor, got {type(tensor).__name__}.")
+        if not tensor.is_floating_point():
+            raise ValueError(f"{label} must be floating point, got dtype {tensor.dtype}.")
     advantages = _as_advantages(advantages, logps)
     lower, upper = spec.bounds(old_logps, **bound_kwargs)
     return spec.loss(logps - old_logps.detach(), advantages, lower, upper, **loss_kwargs)

@@ -36,6 +36,7 @@ from .band import (
     check_upper_max,
     solver_unavailable_reason,
 )
+from .band_solvers import Radius
 from .loss_registry import (
     DUAL_CLIP,
     EPSILON_HIGH,
@@ -130,6 +131,42 @@ def band_policy_bounds(
     return band_bounds(old_logps, radius, divergence, solver=solver, upper_max=upper_max)
 
 
+def _dppo_bounds(old_logps, divergence, radius, radius_low, radius_high, solver):
+    """DPPO's trust region as ratio bounds: the ratios at which the binary divergence between `p` and `q = r p`
+    reaches the radius, i.e. the Band bounds of that divergence without a cap (docs/band-and-dppo.md). `radius_low`
+    and `radius_high`, when given, replace `radius` on their side."""
+    low = radius if radius_low is None else radius_low
+    high = radius if radius_high is None else radius_high
+    lower, upper = band_bounds(old_logps, low, divergence, solver=solver)
+    if high is not low:
+        upper = band_bounds(old_logps, high, divergence, solver=solver)[1]
+    return lower, upper
+
+
+def dppo_tv_bounds(
+    old_logps: torch.Tensor,
+    *,
+    radius: Radius = 0.15,
+    radius_low: Radius | None = None,
+    radius_high: Radius | None = None,
+):
+    """DPPO-Binary-TV: a token may move until `|q - p| = radius`, i.e. `r` in `[1 - radius/p, 1 + radius/p]` (within
+    `[0, 1/p]`)."""
+    return _dppo_bounds(old_logps, "tv", radius, radius_low, radius_high, "torch")
+
+
+def dppo_kl_bounds(
+    old_logps: torch.Tensor,
+    *,
+    radius: Radius = 0.05,
+    radius_low: Radius | None = None,
+    radius_high: Radius | None = None,
+    solver: str = "auto",
+):
+    """DPPO-Binary-KL: a token may move until `KL(Bern(p) || Bern(q)) = radius` (the Band KL root finder)."""
+    return _dppo_bounds(old_logps, "kl", radius, radius_low, radius_high, solver)
+
+
 def relaxed_band_bounds(
     old_logps: torch.Tensor,
     *,
@@ -147,15 +184,22 @@ def relaxed_band_bounds(
 
 
 def dcpo_bounds(
-    old_logps: torch.Tensor, *, epsilon_low: float = 0.16, epsilon_high: float = 0.2, upper_max: float = 10.0
+    old_logps: torch.Tensor,
+    *,
+    epsilon_low: float = 0.16,
+    epsilon_high: float = 0.2,
+    upper_max: float | None = 10.0,
 ):
     """DCPO's dynamic bounds: `lower = 1/2 + 1/2 sqrt(max(1 - 4 eps_low / p, 0))`,
-    `upper = min(1/2 + 1/2 sqrt(1 + 4 eps_high / p), upper_max)` (docs/policy-losses.md, "DCPO")."""
+    `upper = min(1/2 + 1/2 sqrt(1 + 4 eps_high / p), upper_max)` (docs/policy-losses.md, "DCPO"); `upper_max=None`
+    is no cap, as for the Band."""
     with torch.no_grad():
         dtype = torch.float64 if old_logps.dtype == torch.float64 else torch.float32
         inv_p = torch.exp(-old_logps.detach().to(dtype).clamp(max=0.0))
         lower = 0.5 + 0.5 * torch.sqrt((1 - 4 * epsilon_low * inv_p).clamp(min=0.0))
-        upper = (0.5 + 0.5 * torch.sqrt(1 + 4 * epsilon_high * inv_p)).clamp(max=upper_max)
+        upper = 0.5 + 0.5 * torch.sqrt(1 + 4 * epsilon_high * inv_p)
+        if upper_max is not None:
+            upper = upper.clamp(max=upper_max)
     return lower, upper
 
 
@@ -303,6 +347,49 @@ def cispo_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, lower: Bound, 
     return reweighted_surrogate(log_ratio, advantages, weight, weight)
 
 
+def dppo_loss(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    lower: Bound,
+    upper: Bound,
+    *,
+    ratio_cap: float | None = 20.0,
+) -> torch.Tensor:
+    """DPPO-Binary (https://arxiv.org/abs/2602.04879): a token whose update leaves the trust region in the direction
+    its advantage pushes (`r > upper` with `A > 0`, `r < lower` with `A < 0`) is masked (weight 0); every other token
+    keeps the truncated importance weight `w = min(r, ratio_cap)` on `grad log pi` (`ratio_cap=None`: `w = r`).
+    Forward value: `min(r, ratio_cap)` (docs/band-and-dppo.md for what verl logs instead)."""
+    ratio = safe_exp(log_ratio.detach())
+    truncated = ratio if ratio_cap is None else ratio.clamp(max=ratio_cap)
+    regions = clip_regions(log_ratio, advantages, lower, upper)
+    weight = torch.where(regions["HP"] | regions["LN"], torch.zeros_like(truncated), truncated)
+    return reweighted_surrogate(log_ratio, advantages, truncated, weight)
+
+
+def dppo_metrics(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    lower: Bound,
+    upper: Bound,
+    mask: torch.Tensor,
+    *,
+    ratio_cap: float | None = 20.0,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """DPPO's metrics (docs/metrics.md) as `(numerator, denominator)` pairs: the share of positive-advantage tokens
+    masked above the region (`dppo/masked_pos_share`), of negative-advantage ones masked below it
+    (`dppo/masked_neg_share`), and of all tokens whose kept weight the cap truncated (`dppo/truncated_share`)."""
+    regions = clip_regions(log_ratio, advantages, lower, upper)
+    mask = mask.float()
+    pos, neg = (advantages > 0).float() * mask, (advantages < 0).float() * mask
+    kept = ~(regions["HP"] | regions["LN"])
+    capped = (log_ratio.detach() > math.log(ratio_cap)) if ratio_cap is not None else torch.zeros_like(kept)
+    return {
+        "dppo/masked_pos_share": ((regions["HP"].float() * mask).sum(), pos.sum()),
+        "dppo/masked_neg_share": ((regions["LN"].float() * mask).sum(), neg.sum()),
+        "dppo/truncated_share": (((kept & capped).float() * mask).sum(), mask.sum()),
+    }
+
+
 def dgpo_metrics(
     log_ratio: torch.Tensor,
     advantages: torch.Tensor,
@@ -332,8 +419,40 @@ def dgpo_metrics(
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def check_radius_value(value: Any, label: str = "radius") -> Radius:
+    """A radius: a finite number > 0 (`check_radius`), or, in the pure API, a floating tensor of per-token radii
+    (checked against the old log-probs by `band_bounds`, by its metadata only: docs/band-operator.md, "Per-token
+    radius")."""
+    if torch.is_tensor(value):
+        if not value.is_floating_point() or value.requires_grad:
+            raise ValueError(
+                f"{label} must be a number or a floating-point tensor that does not require grad, got a tensor of "
+                f"dtype {value.dtype}{' requiring grad' if value.requires_grad else ''}."
+            )
+        return value
+    return check_radius(value, label)
+
+
+def check_optional_radius(value: Any, label: str = "radius") -> Radius | None:
+    """`None` (the strings "none"/"null" from YAML or a command line count as None) or a radius."""
+    if value is None or isinstance(value, str) and value.strip().lower() in ("none", "null"):
+        return None
+    return check_radius_value(value, label)
+
+
+def check_ratio_cap(value: Any, label: str = "ratio_cap") -> float | None:
+    """DPPO's truncation `C` of the importance weight: `None` (no truncation; "none"/"null" too) or a number >= 1
+    (below 1 it would shrink the weight of tokens that did not move)."""
+    if value is None or isinstance(value, str) and value.strip().lower() in ("none", "null"):
+        return None
+    real = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not real or not math.isfinite(value) or value < 1:
+        raise ValueError(f"{label} must be None (no truncation) or a finite number >= 1, got {value!r}.")
+    return float(value)
+
+
 BAND = (
-    Hyperparameter("radius", "band_radius", check_radius),
+    Hyperparameter("radius", "band_radius", check_radius_value),
     Hyperparameter("divergence", "band_divergence", check_divergence),
     Hyperparameter("upper_max", "band_upper_max", check_upper_max),
     Hyperparameter("solver", "band_solver", check_solver),
@@ -342,7 +461,7 @@ BAND = (
 
 def _check_band_solver_runs(kwargs: Mapping[str, Any], labels: Mapping[str, str], device: str) -> None:
     """A kernel solver (`band_solver="triton"`) must run where training runs: checked when the config is built."""
-    reason = solver_unavailable_reason(kwargs["solver"], kwargs["divergence"], device)
+    reason = solver_unavailable_reason(kwargs["solver"], kwargs.get("divergence", "kl"), device)
     if reason is not None:
         label = labels["solver"]
         raise ValueError(f"{label}={kwargs['solver']!r} cannot run here: {reason}. Use {label}='auto' or 'torch'.")
@@ -447,4 +566,37 @@ register_policy_loss(
 )
 
 #: The built-in policy losses (`registered_policy_losses()` also lists any registered later).
+# DPPO-Binary (Qi et al., 2026): the Band region of TV or KL without a cap, masking instead of clipping, and a
+# truncated importance weight (docs/band-and-dppo.md). Radii as the authors trained: 0.15 (TV), 0.05 (KL).
+_DPPO_SIDES = (
+    Hyperparameter("radius_low", "dppo_radius_low", check_optional_radius),
+    Hyperparameter("radius_high", "dppo_radius_high", check_optional_radius),
+    Hyperparameter("ratio_cap", "dppo_ratio_cap", check_ratio_cap),
+)
+register_policy_loss(
+    PolicyLossSpec(
+        "dppo_tv",
+        dppo_tv_bounds,
+        dppo_loss,
+        (Hyperparameter("radius", "dppo_tv_radius", check_radius_value), *_DPPO_SIDES),
+        metrics=dppo_metrics,
+        incompatible=_NO_DUAL_CLIP,
+    )
+)
+register_policy_loss(
+    PolicyLossSpec(
+        "dppo_kl",
+        dppo_kl_bounds,
+        dppo_loss,
+        (
+            Hyperparameter("radius", "dppo_kl_radius", check_radius_value),
+            *_DPPO_SIDES,
+            Hyperparameter("solver", "band_solver", check_solver),
+        ),
+        metrics=dppo_metrics,
+        check=_check_band_solver_runs,
+        incompatible=_NO_DUAL_CLIP,
+    )
+)
+
 POLICY_LOSSES = tuple(registered_policy_losses())

@@ -14,13 +14,14 @@ import dataclasses
 import difflib
 import functools
 import os
+import re
 import sys
 import typing
 from collections.abc import Sequence
 
 from trl import ModelConfig, TrlParser
 
-from ..configs import PolicyLossConfig
+from ..configs import PolicyLossConfig, config_class_with_loss_fields
 from ..data import TRAINING_MIXES
 from .errors import ConfigError
 from .recipe_checks import check_namespace, check_recipe_types, loss_specific_fields
@@ -98,17 +99,36 @@ class _RecipeParser(TrlParser):
         return namespace, remaining
 
 
-def make_parser(prog: str | None = None) -> TrlParser:
-    """A fresh `TrlParser` over (`ScriptArguments`, `PolicyLossConfig`, `ModelConfig`).
+def make_parser(prog: str | None = None, dataclass_types: tuple = DATACLASS_TYPES) -> TrlParser:
+    """A fresh `TrlParser` over (`ScriptArguments`, `PolicyLossConfig`, `ModelConfig`) (or `dataclass_types`).
 
     Build a new one per parse: `TrlParser` stores the YAML values in its actions' defaults.
     """
-    return _RecipeParser(DATACLASS_TYPES, prog=prog or "trl-bandpo train")
+    return _RecipeParser(dataclass_types, prog=prog or "trl-bandpo train")
 
 
-def known_keys() -> set[str]:
+def known_keys(dataclass_types: tuple = DATACLASS_TYPES) -> set[str]:
     """Every valid recipe key and flag: the init fields of `ScriptArguments`, `PolicyLossConfig`, `ModelConfig`."""
-    return {f.name for dataclass_type in DATACLASS_TYPES for f in dataclasses.fields(dataclass_type) if f.init}
+    return {f.name for dataclass_type in dataclass_types for f in dataclasses.fields(dataclass_type) if f.init}
+
+
+def _dataclass_types_for(argv: Sequence[str], recipe: dict) -> tuple:
+    """`DATACLASS_TYPES`, or, when the policy loss is an import path `package.module:loss` (a loss registered in the
+    user's code, docs/adding-a-policy-loss.md), the same with `PolicyLossConfig` extended by that loss's config
+    fields, so that the recipe and the command line set them like ours."""
+    policy_loss = recipe.get("policy_loss")
+    for index, arg in enumerate(argv):  # the command line wins over the recipe
+        if arg == "--policy_loss" and index + 1 < len(argv):
+            policy_loss = argv[index + 1]
+        elif arg.startswith("--policy_loss="):
+            policy_loss = arg.partition("=")[2]
+    if not isinstance(policy_loss, str) or ":" not in policy_loss:
+        return DATACLASS_TYPES
+    try:
+        config_class = config_class_with_loss_fields(PolicyLossConfig, policy_loss)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    return (ScriptArguments, config_class, ModelConfig)
 
 
 def _unknown_message(kind: str, names: Sequence[str], known: set[str], where: str) -> str:
@@ -160,10 +180,15 @@ def load_recipe(path: str | os.PathLike, known: set[str] | None = None) -> dict:
     if "env" in recipe and not isinstance(recipe["env"], dict):
         raise ConfigError(f"`env` in recipe {os.fspath(path)!r} must be a mapping of variable: value.")
     if known is not None:
-        unknown = [key for key in recipe if key != "env" and key not in known]
-        if unknown:
-            raise ConfigError(_unknown_message("field(s)", unknown, known, f"in recipe {os.fspath(path)!r}"))
+        check_recipe_keys(recipe, known, path)
     return recipe
+
+
+def check_recipe_keys(recipe: dict, known: set[str], path: str | os.PathLike) -> None:
+    """A `ConfigError` naming the recipe's keys that are no field (with the closest valid names)."""
+    unknown = [key for key in recipe if key != "env" and key not in known]
+    if unknown:
+        raise ConfigError(_unknown_message("field(s)", unknown, known, f"in recipe {os.fspath(path)!r}"))
 
 
 def _nullable_fields() -> set[str]:
@@ -178,6 +203,29 @@ def _nullable_fields() -> set[str]:
             if len(others) < len(args) and others and all(arg in (int, float, bool) for arg in others):
                 names.add(name)
     return names
+
+
+def _none_hint(message: str) -> str:
+    """The hint ``(on the command line: `--FIELD none`)`` when `message` says None is allowed and the field it names
+    first takes ``--FIELD none`` on the command line (`_nullable_fields`, or a string field that reads "none" as
+    None); else "" (``policy_loss must be one of [...], got None`` allows no None)."""
+    if "None" not in message:
+        return ""
+    found = [(match.start(), name) for name in known_keys() if (match := re.search(rf"\b{name}\b", message))]
+    if not found:
+        return ""
+    name = min(found)[1]
+    return f" (on the command line: `--{name} none`)" if name in _none_on_the_command_line() else ""
+
+
+def _none_on_the_command_line() -> set[str]:
+    """Fields for which ``--field none`` means None: the nullable numeric / boolean ones, and the string fields whose
+    own check reads "none" as None."""
+    return _nullable_fields() | _NONE_STRING_FIELDS
+
+
+#: String fields whose own check turns "none" / "null" into None (`PolicyLossConfig`, `ScriptArguments`).
+_NONE_STRING_FIELDS = {"band_radius_by", "instruction", "val_preset"}
 
 
 def _pop_none_overrides(argv: list[str], nullable: set[str]) -> tuple[list[str], list[str]]:
@@ -218,18 +266,19 @@ def parse_args(argv: Sequence[str] | None = None):
             closest valid names), missing required fields and invalid values.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    known = known_keys()
     config_path, argv = _normalize_config_flag(argv)
-    recipe = {}
+    recipe = {} if config_path is None else load_recipe(config_path)
+    dataclass_types = _dataclass_types_for(argv, recipe)  # a policy loss by import path brings its own fields
+    known = known_keys(dataclass_types)
     # Checked before TrlParser exports `env:` and builds the dataclasses, whose own errors would hide a misspelled key.
     if config_path is not None:
-        recipe = load_recipe(config_path, known)
-        check_recipe_types(recipe, DATACLASS_TYPES, f"in recipe {config_path!r}")
+        check_recipe_keys(recipe, known, config_path)
+        check_recipe_types(recipe, dataclass_types, f"in recipe {config_path!r}")
     if config_path is not None and not recipe:
         at = argv.index("--config")  # an empty recipe sets nothing (TrlParser rejects a file that holds no mapping)
         del argv[at : at + 2]
     argv, nones = _pop_none_overrides(argv, _nullable_fields())
-    parser = make_parser()
+    parser = make_parser(dataclass_types=dataclass_types)
     parser.unset = tuple(nones)
     parser.recipe_keys = frozenset(recipe)
 
@@ -244,7 +293,7 @@ def parse_args(argv: Sequence[str] | None = None):
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:  # __post_init__ validation of any of the three dataclasses
-        hint = " (on the command line: `--<field> none`)" if "None" in str(err) else ""
+        hint = _none_hint(str(err))
         hint += _CPU_HINT if "bf16" in str(err) and "use_cpu" in str(err) else ""
         raise ConfigError(f"invalid configuration: {err}{hint}") from err
     if recipe_rest:  # recipe keys TrlParser did not consume, as ["--key", "value", ...]

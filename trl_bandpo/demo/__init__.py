@@ -17,6 +17,8 @@ r"""Offline CPU demo: GRPO, Clip-Higher, BandPO and DGPO on a toy arithmetic tas
    ``adaptive_band`` extension: ``bandpo`` with a per-token radius from the old policy's entropy
                  (``band_radius_by="entropy"``, radii in [δ/4, 4δ]; docs/extensions.md)
    ``band_dgpo`` extension: DGPO's decay (n = 1, m = 2) outside the Band bounds of radius ``--band-radius``
+   ``dppo``      DPPO-Binary-KL (``policy_loss="dppo_kl"``) of radius ``--band-radius``, truncation C = 10,000 as
+                 its authors: the Band's gradient without the Band's cap (docs/band-and-dppo.md)
    any other     a name of `trl_bandpo.POLICY_LOSSES` (``relaxed_band``, ``dcpo``, ``gppo``, ``ce_gppo``, ``aspo``,
                  ``band``, ``clip``...) with the ε of the BandPO paper's baselines (Section 6.1): 0.2/0.28 for
                  ``relaxed_band``, 0.16/0.2 for ``dcpo``, 0.2/0.2 otherwise

@@ -26,8 +26,6 @@ METHOD_PRESETS: dict[str, dict[str, Any]] = {
         "policy_loss": "band",
         "band_divergence": "kl",
         "band_upper_max": 10.0,
-        "epsilon": 0.2,
-        "epsilon_high": 0.2,
     },
     "dgpo": {"label": "DGPO", "policy_loss": "dgpo", "epsilon": 0.2, "epsilon_high": 0.2, "dgpo_n": 1, "dgpo_m": 2.0},
     # Extensions beyond both papers (docs/extensions.md); their radius comes from ``--band-radius`` too.
@@ -39,6 +37,8 @@ METHOD_PRESETS: dict[str, dict[str, Any]] = {
         "band_radius_by": "entropy",
         "band_radius_exponent": 1.0,
     },
+    # DPPO-Binary-KL (arXiv:2602.04879; docs/band-and-dppo.md) on the Band radius, C = 10,000 as its authors
+    "dppo": {"label": "DPPO-KL", "policy_loss": "dppo_kl", "dppo_ratio_cap": 10000.0},
     "band_dgpo": {
         "label": "Band x DGPO",
         "policy_loss": "band_dgpo",
@@ -55,19 +55,22 @@ _OTHER_EPSILONS = {"relaxed_band": (0.2, 0.28), "dcpo": (0.16, 0.2)}
 
 def method_settings(name: str, band_radius: float) -> dict[str, Any]:
     """`PolicyLossConfig` fields (and ``label``) for a method name: a preset or any `POLICY_LOSSES` name."""
-    from ..losses import POLICY_LOSSES
+    from ..losses import POLICY_LOSSES, policy_loss_spec
 
     if name in METHOD_PRESETS:
         settings = dict(METHOD_PRESETS[name])
     elif name in POLICY_LOSSES:
-        eps_low, eps_high = _OTHER_EPSILONS.get(name, (0.2, 0.2))
-        settings = {"label": name, "policy_loss": name, "epsilon": eps_low, "epsilon_high": eps_high}
+        settings = {"label": name, "policy_loss": name}
+        if "epsilon" in policy_loss_spec(name).config_fields:  # only where the loss reads them (else it warns)
+            settings["epsilon"], settings["epsilon_high"] = _OTHER_EPSILONS.get(name, (0.2, 0.2))
     else:
         raise ValueError(
             f"unknown method {name!r}: choose among {list(METHOD_PRESETS)} or a policy loss of {list(POLICY_LOSSES)}."
         )
     if settings["policy_loss"] in ("band", "relaxed_band", "band_dgpo"):
         settings["band_radius"] = band_radius
+    if settings["policy_loss"] == "dppo_kl":
+        settings["dppo_kl_radius"] = band_radius
     if settings.get("band_radius_by") == "entropy":  # radii from delta / 4 to 4 delta, as the extension recipes
         settings["band_radius_min"], settings["band_radius_max"] = band_radius / 4, band_radius * 4
     return settings
