@@ -12,7 +12,6 @@ an unpacked forward, the peak-FLOPs lookup (it asks CUDA for the device name), a
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import math
 import queue
@@ -21,7 +20,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from test_trl_mirror import fold_fences
+from test_trl_mirror import assert_mirrors
 
 pytest.importorskip("trl.experimental.async_grpo")
 
@@ -159,26 +158,9 @@ def test_compute_loss_is_trl_verbatim_outside_the_fences():
 
     from trl_bandpo.async_trainer import AsyncPolicyLossTrainer
 
-    theirs = inspect.getsource(AsyncGRPOTrainer.compute_loss).splitlines()
-    ours, blocks = fold_fences(inspect.getsource(AsyncPolicyLossTrainer.compute_loss).splitlines())
-    assert blocks == len(REPLACED), f"{blocks} fenced blocks, REPLACED lists {len(REPLACED)}"
-    diff = "\n".join(difflib.unified_diff(theirs, ours, "trl", "trl_bandpo (fences folded)", lineterm=""))
-    stands_for = {}
-    matcher = difflib.SequenceMatcher(None, theirs, ours, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            continue
-        placeholders = [line for line in ours[j1:j2] if line.startswith("<trl-bandpo block")]
-        assert ours[j1:j2] == placeholders and len(placeholders) == 1, (
-            f"TRL's AsyncGRPOTrainer.compute_loss and ours differ outside a fenced block: port these lines\n{diff}"
-        )
-        stands_for[placeholders[0]] = "\n".join(theirs[i1:i2])
-    for index, expected in enumerate(REPLACED):
-        got = stands_for.get(f"<trl-bandpo block {index}>", "")
-        assert got == expected, (
-            f"fenced block {index} no longer stands for the TRL lines it replaced; TRL now has there:\n{got}\n"
-            f"\nfull diff:\n{diff}"
-        )
+    assert_mirrors(
+        AsyncGRPOTrainer.compute_loss, AsyncPolicyLossTrainer.compute_loss, REPLACED, "AsyncGRPOTrainer.compute_loss"
+    )
 
 
 def test_init_takes_async_grpo_trainers_parameters():

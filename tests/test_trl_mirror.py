@@ -89,10 +89,12 @@ def test_fold_fences_finds_blocks_and_keeps_the_rest():
     assert fold_fences(lines) == (["a", "<trl-bandpo block 0>", "b"], 1)
 
 
-def test_compute_loss_is_trl_verbatim_outside_the_fences():
-    theirs = inspect.getsource(GRPOTrainer._compute_loss).splitlines()
-    ours, blocks = fold_fences(inspect.getsource(PolicyLossTrainer._compute_loss).splitlines())
-    assert blocks == len(REPLACED), f"{blocks} fenced blocks, REPLACED lists {len(REPLACED)}"
+def assert_mirrors(theirs_fn, ours_fn, replaced: list[str], what: str) -> None:
+    """`ours_fn`'s source equals `theirs_fn`'s outside its fenced blocks, each block standing for exactly the TRL
+    lines `replaced` lists for it (in order; "" for a block that only adds); else the diff to port."""
+    theirs = inspect.getsource(theirs_fn).splitlines()
+    ours, blocks = fold_fences(inspect.getsource(ours_fn).splitlines())
+    assert blocks == len(replaced), f"{blocks} fenced blocks, the test lists {len(replaced)}"
     diff = "\n".join(difflib.unified_diff(theirs, ours, "trl", "trl_bandpo (fences folded)", lineterm=""))
     stands_for = {}
     matcher = difflib.SequenceMatcher(None, theirs, ours, autojunk=False)
@@ -101,12 +103,16 @@ def test_compute_loss_is_trl_verbatim_outside_the_fences():
             continue
         placeholders = [line for line in ours[j1:j2] if line.startswith("<trl-bandpo block")]
         assert ours[j1:j2] == placeholders and len(placeholders) == 1, (
-            f"TRL's _compute_loss and ours differ outside a fenced block: port these lines\n{diff}"
+            f"TRL's {what} and ours differ outside a fenced block: port these lines\n{diff}"
         )
         stands_for[placeholders[0]] = "\n".join(theirs[i1:i2])
-    for index, expected in enumerate(REPLACED):
+    for index, expected in enumerate(replaced):
         got = stands_for.get(f"<trl-bandpo block {index}>", "")
         assert got == expected, (
             f"fenced block {index} no longer stands for the TRL lines it replaced; TRL now has there:\n{got}\n"
             f"\nfull diff:\n{diff}"
         )
+
+
+def test_compute_loss_is_trl_verbatim_outside_the_fences():
+    assert_mirrors(GRPOTrainer._compute_loss, PolicyLossTrainer._compute_loss, REPLACED, "_compute_loss")
