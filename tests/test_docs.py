@@ -217,7 +217,7 @@ def check_command(line: str) -> None:
         args = args[1:]
     if not args:
         return
-    program = args[0].removeprefix(".venv/bin/")
+    program = re.sub(r"^\.venv[\w-]*/bin/", "", args[0])  # .venv/bin/python, .venv-vllm/bin/python (tests/real_vllm)
     if program == "trl-bandpo":
         check_trl_bandpo(args[1:])
     elif program in ("python", "python3") and args[1:2] == ["-m"]:

