@@ -182,3 +182,13 @@ def test_dppo_trains_and_logs_its_metrics(tiny_model_dir, tmp_path):
     steps = [e for e in trainer.state.log_history if "loss" in e]
     assert steps and all(math.isfinite(e["loss"]) for e in steps)
     assert all({"dppo/masked_pos_share", "dppo/truncated_share", "bounds/upper_mean"} <= set(e) for e in steps)
+
+
+def test_per_token_radii_are_for_the_pure_api_only():
+    with pytest.raises(ValueError, match="dppo_kl_radius must be a number in a config"):
+        PolicyLossConfig(output_dir="unused", use_cpu=True, report_to="none", dppo_kl_radius=torch.tensor(0.05))
+    old = torch.log(torch.full((1, 3), 0.5))
+    with pytest.raises(ValueError, match="radius must be a number or a floating-point tensor that does not require"):
+        policy_loss("dppo_kl", old.clone(), old, 1.0, radius=torch.full((1, 3), 0.05, requires_grad=True))
+    with pytest.raises(ValueError, match="radius"):  # a per-token radius must broadcast to the old log-probs
+        policy_loss("dppo_tv", old.clone(), old, 1.0, radius=torch.full((2, 5), 0.05))
