@@ -40,8 +40,6 @@ from .configs import (
     BandPOConfig,
     DGPOConfig,
     PolicyLossConfig,
-    _cuda_available,
-    _default,
     _loss_fields,
     with_policy_loss_fields,
 )
@@ -123,17 +121,7 @@ class AsyncPolicyLossConfig(PolicyLossFields, AsyncGRPOConfig):
         spec = policy_loss_spec(self.policy_loss)  # raises ValueError naming the allowed values
         PolicyLossConfig._check_hyperparameters(self)  # every field a registered loss reads, as PolicyLossConfig
         super().__post_init__()
-        bound_kwargs, loss_kwargs = spec.kwargs_from_config(self)
-        if spec.check is not None:
-            labels = {hp.name: hp.field for hp in spec.hyperparameters if hp.field is not None}
-            device = "cpu" if self.use_cpu or not _cuda_available() else "cuda"
-            spec.check({**bound_kwargs, **loss_kwargs}, labels, device)
-        for name, reason in spec.incompatible.items():
-            if hasattr(self, name) and getattr(self, name) != _default(type(self), name):  # `delta`; no GSPO here
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} cannot be used with policy_loss={self.policy_loss!r}: {reason}. "
-                    f"Set {name}={_default(type(self), name)!r}."
-                )
+        PolicyLossConfig._check_selected_loss(self, spec)
         PolicyLossConfig._warn_unused_fields(self, spec)
 
 

@@ -178,20 +178,7 @@ class PolicyLossConfig(GRPOConfig):
                 f"type has its own per-token policy term. Use policy_loss='clip' with it, or a loss_type among "
                 f"{list(CLIP_AGGREGATION_LOSS_TYPES)}."
             )
-        bound_kwargs, loss_kwargs = spec.kwargs_from_config(self)  # every field the selected loss reads, checked
-        # Cross-field checks of the selected loss, where training will run (e.g. band_solver="triton").
-        if spec.check is not None:
-            labels = {hp.name: hp.field for hp in spec.hyperparameters if hp.field is not None}
-            device = "cpu" if self.use_cpu or not _cuda_available() else "cuda"
-            spec.check({**bound_kwargs, **loss_kwargs}, labels, device)
-        # TRL settings GRPOTrainer would apply but the selected loss cannot honour: an error, not a silent no-op.
-        for name, reason in spec.incompatible.items():
-            default = _default(type(self), name)
-            if getattr(self, name) != default:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} cannot be used with policy_loss={self.policy_loss!r}: {reason}. "
-                    f"Set {name}={default!r}."
-                )
+        self._check_selected_loss(spec)
         self._warn_unused_fields(spec)
         self._check_dynamic_sampling()
         self._check_adaptive_radius(spec)
@@ -222,6 +209,25 @@ class PolicyLossConfig(GRPOConfig):
                 "trainer's old-policy pass that 'rollout' skips). Use old_logps_source='trainer' or "
                 "band_radius_by=None."
             )
+
+    def _check_selected_loss(self, spec):
+        """The fields the selected loss reads, its cross-field checks where training will run (e.g.
+        `band_solver="triton"`), and the TRL settings it cannot honour (an error, not a silent no-op). Shared with the
+        async configs (`trl_bandpo.async_trainer`)."""
+        bound_kwargs, loss_kwargs = spec.kwargs_from_config(self)
+        if spec.check is not None:
+            labels = {hp.name: hp.field for hp in spec.hyperparameters if hp.field is not None}
+            device = "cpu" if self.use_cpu or not _cuda_available() else "cuda"
+            spec.check({**bound_kwargs, **loss_kwargs}, labels, device)
+        for name, reason in spec.incompatible.items():
+            if not hasattr(self, name):  # a TRL field this config family has not (no GSPO in the async trainer)
+                continue
+            default = _default(type(self), name)
+            if getattr(self, name) != default:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} cannot be used with policy_loss={self.policy_loss!r}: {reason}. "
+                    f"Set {name}={default!r}."
+                )
 
     def _check_adaptive_radius(self, spec):
         if isinstance(self.band_radius_by, str) and self.band_radius_by.strip().lower() in ("none", "null"):
