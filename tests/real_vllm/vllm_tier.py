@@ -188,6 +188,14 @@ def assert_engine_follows_trained_weights(trainer, initial, check_steps: bool = 
     from_engine = engine_logprobs(engine, ids, start)
     trained = model_logprobs(trainer.accelerator.unwrap_model(trainer.model), ids, start)  # LoRA: adapters on
     before = model_logprobs(initial, ids, start)
+    gaps = assert_engine_holds(from_engine, trained, before)
+    if check_steps:
+        assert_rollouts_followed_the_weights(trainer)
+    return gaps
+
+
+def assert_engine_holds(from_engine, trained, before) -> dict[str, float]:
+    """The engine's probe log-probs match the trained model's (`trained`), not the initial model's (`before`)."""
     gaps = {
         "engine_vs_trained": (from_engine - trained).abs().mean().item(),
         "engine_vs_initial": (from_engine - before).abs().mean().item(),
@@ -197,8 +205,6 @@ def assert_engine_follows_trained_weights(trainer, initial, check_steps: bool = 
     assert gaps["trained_vs_initial"] > 0.01, f"training barely moved the policy, nothing to check: {gaps}"
     assert gaps["engine_vs_trained"] < 1e-3, f"the engine does not hold the trained weights: {gaps}"
     assert gaps["engine_vs_trained"] < 0.05 * gaps["engine_vs_initial"], gaps
-    if check_steps:
-        assert_rollouts_followed_the_weights(trainer)
     return gaps
 
 
