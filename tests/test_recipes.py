@@ -18,8 +18,10 @@ from trl_bandpo.losses import policy_loss_spec
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 ACCELERATE_CONFIGS = ROOT / "accelerate_configs"
-RECIPE_FILES = sorted(RECIPES.rglob("*.yaml"))
+# The papers' recipes; recipes/async/ (TRL's asynchronous trainer, not a paper setting) has its own tests below.
+RECIPE_FILES = sorted(path for path in RECIPES.rglob("*.yaml") if path.parent.name != "async")
 RECIPE_IDS = [str(path.relative_to(RECIPES)) for path in RECIPE_FILES]
+ASYNC_RECIPE_FILES = sorted((RECIPES / "async").glob("*.yaml"))
 
 # Paper batch settings: prompts per step P, samples per prompt G, prompts per mini-batch M.
 PAPER_BATCH = {"bandpo": (256, 16, 64), "dgpo": (512, 16, 32), "lora": (16, 8, 4)}
@@ -433,3 +435,116 @@ def test_every_recipe_parses_with_the_cpu_overrides(path, tmp_path):
     assert validation_settings(script_args) is None
     assert args.generation_batch_size // args.num_generations == 4 <= 16
     assert args.steps_per_generation == 2 * args.gradient_accumulation_steps  # the second step off-policy
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# recipes/async: TRL's asynchronous trainer (async_rollouts: true)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_async_recipe_set():
+    assert [path.name for path in ASYNC_RECIPE_FILES] == ["qwen2.5-3b-instruct_band-kl-0.05_async.yaml"]
+
+
+@pytest.mark.parametrize("path", ASYNC_RECIPE_FILES, ids=lambda p: p.stem)
+def test_async_recipe_is_its_synchronous_recipe_on_the_async_trainer(path):
+    """Parsed into the async config, with every key it shares with the synchronous BandPO recipe of its model that
+    generates on a server (`_vllm-server`: the same 4 training GPUs) set to the same value; the header launches this
+    file on FSDP2 next to a `trl vllm-serve` in the trainer's dtype, with the paper's mini-batch per optimizer step."""
+    from trl_bandpo.async_trainer import AsyncPolicyLossConfig
+
+    script_args, args, model_args = _parse(path)
+    assert script_args.async_rollouts is True and isinstance(args, AsyncPolicyLossConfig)
+    assert trainer_class_for(args.policy_loss, asynchronous=True).__name__ == "AsyncBandPOTrainer"
+    model, method = path.stem.removesuffix("_async").split("_", 1)
+    synchronous = yaml.safe_load((RECIPES / "bandpo" / f"{model}_{method}_vllm-server.yaml").read_text())
+    recipe = yaml.safe_load(path.read_text())
+    shared = (set(recipe) & set(synchronous)) - {"output_dir", "run_name", "dtype"}
+    assert {
+        "policy_loss",
+        "band_radius",
+        "band_upper_max",
+        "delta",
+        "dataset_name",
+        "reward",
+        "learning_rate",
+    } <= shared
+    for key in shared:
+        assert recipe[key] == synchronous[key], key
+    assert model_args.model_name_or_path == HUB_IDS[model]
+    assert model_args.dtype == args.dtype == "float32"  # one dtype field: the async config's, copied to the model's
+
+    header = _header(path)
+    assert "Hardware:" in header and "Launch:" in header and "Not a paper setting" in header
+    assert f"--config recipes/{path.relative_to(RECIPES)}" in header
+    assert "--config_file accelerate_configs/fsdp2.yaml" in header  # AsyncGRPOTrainer runs on FSDP2
+    num_processes = _launch_processes(header)
+    serve = re.search(r"trl vllm-serve --model (\S+) .*--max-model-len (\d+) --dtype (\S+)", header)
+    assert serve and serve.group(1) == model_args.model_name_or_path and serve.group(3) == args.dtype
+    assert int(serve.group(2)) >= script_args.max_prompt_tokens + args.max_completion_length
+    assert args.vllm_server_base_url == "http://127.0.0.1:8000"  # trl vllm-serve's default port
+    _, samples, mini_batch = PAPER_BATCH["bandpo"]
+    assert args.token_budget == 0  # a fixed count of samples per micro-batch
+    assert args.per_device_train_batch_size * num_processes * args.gradient_accumulation_steps == mini_batch * samples
+    assert args.num_generations == samples
+    assert args.max_steps == synchronous["max_steps"]
+
+
+ASYNC_RECIPE = RECIPES / "async" / "qwen2.5-3b-instruct_band-kl-0.05_async.yaml"
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--val_preset", "bandpo"], "val_preset='bandpo' cannot be used with async_rollouts"),
+        (["--eval_dataset_name", "aime2024"], "eval_dataset_name=['aime2024'] cannot be used with async_rollouts"),
+        (["--load_in_4bit", "true"], "load_in_4bit: true cannot be used with async_rollouts"),
+        (["--attn_implementation", "sdpa"], "attn_implementation='sdpa' cannot be used with async_rollouts"),
+        (["--use_vllm", "true"], "'use_vllm'"),  # the async trainer always generates on the server
+        (["--band_radius_by", "entropy"], "'band_radius_by'"),  # no old-policy entropies in a rollout sample
+        (["--beta", "0.001"], "'beta'"),  # no reference model
+        (["--async_rollouts", "maybe"], "async_rollouts must be true or false, got 'maybe'"),
+    ],
+)
+def test_async_recipe_refuses_what_the_async_trainer_cannot_do(extra, needle):
+    with pytest.raises(ConfigError) as caught:
+        _parse(ASYNC_RECIPE, *extra)
+    assert needle in str(caught.value)
+    if needle.startswith("'"):  # an unknown key: the message says which config the keys come from
+        assert "AsyncPolicyLossConfig" in str(caught.value)
+
+
+def test_async_rollouts_switches_any_recipe_to_the_async_config(tmp_path):
+    """The key is read from the command line too (flag alone, or a value) and unset it keeps the synchronous config."""
+    from trl_bandpo.async_trainer import AsyncPolicyLossConfig
+    from trl_bandpo.configs import PolicyLossConfig
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model_name_or_path: m\ndataset_name: d\npolicy_loss: dgpo\nbf16: false\nuse_cpu: true\n")
+    for extra, asynchronous in (([], False), (["--async_rollouts"], True), (["--async_rollouts", "true"], True),
+                                (["--async_rollouts=false"], False)):  # fmt: skip
+        script_args, args, model_args = parse_args(["--config", str(recipe), *extra])
+        assert script_args.async_rollouts is asynchronous
+        assert isinstance(args, AsyncPolicyLossConfig) is asynchronous and isinstance(args, PolicyLossConfig) is not (
+            asynchronous
+        )
+        assert trainer_class_for(args.policy_loss, asynchronous).__name__ == ("Async" * asynchronous) + "DGPOTrainer"
+
+
+PAPER_RECIPE_FILES = [path for path in RECIPE_FILES if path.parent.name in ("bandpo", "dgpo")]
+
+
+@pytest.mark.parametrize("path", PAPER_RECIPE_FILES, ids=lambda p: p.stem)
+def test_paper_recipes_show_the_rollout_old_log_probs_alternative(path, tmp_path):
+    """Each paper recipe carries `old_logps_source: rollout` commented out (the adaptive-radius one says why not); the
+    line, uncommented, gives a valid run of that recipe."""
+    text = path.read_text()
+    if "band_radius_by: entropy" in text:
+        assert '# old_logps_source stays "trainer"' in text
+        return
+    commented = "# old_logps_source: rollout  #"
+    assert text.count(commented) == 1
+    uncommented = tmp_path / path.name
+    uncommented.write_text(text.replace(commented, "old_logps_source: rollout  #"))
+    _, args, _ = _parse(uncommented)
+    assert args.old_logps_source == "rollout" and args.vllm_importance_sampling_correction is False

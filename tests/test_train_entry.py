@@ -297,7 +297,7 @@ class _Stop(Exception):
 
 
 def _stop_before_the_trainer(monkeypatch):
-    def stop(policy_loss):
+    def stop(policy_loss, asynchronous=False):
         raise _Stop
 
     monkeypatch.setattr(train, "trainer_class_for", stop)

@@ -6,6 +6,8 @@ A recipe (YAML) sets the defaults of three dataclasses and command-line flags ov
 error naming it, the closest valid names and where it came from; so are a repeated key, a value of the wrong type and
 loss-specific fields without `policy_loss` (`recipe_yaml`, `recipe_checks`). These errors come before the dataclasses
 are built, so before their own checks (such as bf16 on a machine without a GPU) and before any model or data loads.
+With `async_rollouts: true` the second dataclass is [`~trl_bandpo.AsyncPolicyLossConfig`] (TRL's `AsyncGRPOConfig`
+plus the policy-loss fields) and `dtype` is read once, by it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,23 @@ _CPU_HINT = (
 DATACLASS_TYPES = (ScriptArguments, PolicyLossConfig, ModelConfig)
 
 
+@functools.cache
+def _async_model_config() -> type:
+    """`trl.ModelConfig`'s fields without those `AsyncGRPOConfig` has too (`dtype`): argparse takes each flag once,
+    and the async trainer loads the model with its config's `dtype`. `parse_args` turns it into a `ModelConfig`."""
+    from ..async_trainer import AsyncPolicyLossConfig
+
+    shared = {f.name for f in dataclasses.fields(AsyncPolicyLossConfig)}
+    specs = []
+    for f in dataclasses.fields(ModelConfig):
+        if f.init and f.name not in shared:
+            default = {"default": f.default} if f.default is not dataclasses.MISSING else {}
+            if f.default_factory is not dataclasses.MISSING:
+                default = {"default_factory": f.default_factory}
+            specs.append((f.name, f.type, dataclasses.field(metadata=f.metadata, **default)))
+    return dataclasses.make_dataclass("AsyncModelConfig", specs, namespace={"__module__": __name__})
+
+
 class _NotGiven:
     """Stand-in default of a field that neither the recipe nor the command line set; prints as the real default."""
 
@@ -79,6 +98,8 @@ class _RecipeParser(TrlParser):
 
     def parse_known_args(self, args=None, namespace=None):
         tracked = ("policy_loss", *loss_specific_fields()) if self.check is not None else ()
+        destinations = {action.dest for action in self._actions}  # the async config lacks some loss fields
+        tracked = [name for name in tracked if name in destinations]
         not_given = {name: _NotGiven(self.get_default(name)) for name in tracked if name not in self.recipe_keys}
         self.set_defaults(**not_given)
         if self.unset:
@@ -112,23 +133,43 @@ def known_keys(dataclass_types: tuple = DATACLASS_TYPES) -> set[str]:
     return {f.name for dataclass_type in dataclass_types for f in dataclasses.fields(dataclass_type) if f.init}
 
 
+def _given_value(argv: Sequence[str], recipe: dict, name: str, flag_alone=None):
+    """The value of `name` the parse will see: the command line's (``--name value``, ``--name=value``, or
+    `flag_alone` for a bare ``--name``) over the recipe's; None when neither sets it."""
+    value = recipe.get(name)
+    for index, arg in enumerate(argv):
+        if arg == f"--{name}":
+            following = argv[index + 1] if index + 1 < len(argv) else None
+            value = following if following is not None and not following.startswith("--") else flag_alone
+        elif arg.startswith(f"--{name}="):
+            value = arg.partition("=")[2]
+    return value
+
+
 def _dataclass_types_for(argv: Sequence[str], recipe: dict) -> tuple:
-    """`DATACLASS_TYPES`, or, when the policy loss is an import path `package.module:loss` (a loss registered in the
-    user's code, docs/adding-a-policy-loss.md), the same with `PolicyLossConfig` extended by that loss's config
-    fields, so that the recipe and the command line set them like ours."""
-    policy_loss = recipe.get("policy_loss")
-    for index, arg in enumerate(argv):  # the command line wins over the recipe
-        if arg == "--policy_loss" and index + 1 < len(argv):
-            policy_loss = argv[index + 1]
-        elif arg.startswith("--policy_loss="):
-            policy_loss = arg.partition("=")[2]
-    if not isinstance(policy_loss, str) or ":" not in policy_loss:
-        return DATACLASS_TYPES
-    try:
-        config_class = config_class_with_loss_fields(PolicyLossConfig, policy_loss)
-    except ValueError as err:
-        raise ConfigError(str(err)) from err
-    return (ScriptArguments, config_class, ModelConfig)
+    """`DATACLASS_TYPES`, with two substitutions for `PolicyLossConfig`: `AsyncPolicyLossConfig` when
+    `async_rollouts` is set (TRL's asynchronous trainer, docs/off-policy-and-async.md), and, when the policy loss is
+    an import path `package.module:loss` (a loss registered in the user's code, docs/adding-a-policy-loss.md), the
+    config extended by that loss's fields, so that the recipe and the command line set them like ours."""
+    asynchronous = _given_value(argv, recipe, "async_rollouts", flag_alone=True)
+    if isinstance(asynchronous, str):  # the spellings argparse's boolean flags accept
+        spelled = asynchronous.strip().lower()
+        asynchronous = True if spelled in ("true", "yes", "1", "y", "t") else spelled
+        asynchronous = False if asynchronous in ("false", "no", "0", "n", "f") else asynchronous
+    if asynchronous is not None and not isinstance(asynchronous, bool):  # it selects the config: checked first
+        raise ConfigError(f"async_rollouts must be true or false, got {asynchronous!r}.")
+    config_class, model_config_class = PolicyLossConfig, ModelConfig
+    if asynchronous:
+        from ..async_trainer import AsyncPolicyLossConfig
+
+        config_class, model_config_class = AsyncPolicyLossConfig, _async_model_config()
+    policy_loss = _given_value(argv, recipe, "policy_loss")
+    if isinstance(policy_loss, str) and ":" in policy_loss:
+        try:
+            config_class = config_class_with_loss_fields(config_class, policy_loss)
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+    return (ScriptArguments, config_class, model_config_class)
 
 
 def _unknown_message(kind: str, names: Sequence[str], known: set[str], where: str) -> str:
@@ -137,9 +178,13 @@ def _unknown_message(kind: str, names: Sequence[str], known: set[str], where: st
         close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
         hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
         lines.append(f"  {name!r}{hint}")
+    if "weight_sync_steps" in known:  # AsyncPolicyLossConfig's field: async_rollouts is on
+        config = "AsyncPolicyLossConfig (TRL's AsyncGRPOConfig + trl-bandpo fields, as async_rollouts is true)"
+    else:
+        config = "PolicyLossConfig (trl.GRPOConfig + trl-bandpo fields)"
     lines.append(
-        "Every key must be a field of ScriptArguments, PolicyLossConfig (trl.GRPOConfig + trl-bandpo fields) or "
-        "trl.ModelConfig; run `python -m trl_bandpo.cli.train --help` for the list."
+        f"Every key must be a field of ScriptArguments, {config} or trl.ModelConfig; run "
+        "`python -m trl_bandpo.cli.train --help` for the list."
     )
     return "\n".join(lines)
 
@@ -305,4 +350,26 @@ def parse_args(argv: Sequence[str] | None = None):
         raise ConfigError(f"dataset_name is required: a mix ({mixes}), registry names or local files.")
     if not model_args.model_name_or_path:
         raise ConfigError("model_name_or_path is required (a hub id or a local folder).")
+    if script_args.async_rollouts:
+        model_args = _check_async_model_args(model_args, training_args)
     return script_args, training_args, model_args
+
+
+def _check_async_model_args(model_args, training_args) -> ModelConfig:
+    """The `ModelConfig` of an `async_rollouts` run (`dtype` from the training config), refusing what TRL's
+    asynchronous trainer cannot honour: it loads the model itself, with its tree attention and no quantisation."""
+    if model_args.load_in_4bit or model_args.load_in_8bit:
+        which = "load_in_4bit" if model_args.load_in_4bit else "load_in_8bit"
+        raise ConfigError(
+            f"{which}: true cannot be used with async_rollouts: true: TRL's asynchronous trainer takes no "
+            "quantisation config. Train without it, or with async_rollouts: false."
+        )
+    if model_args.attn_implementation is not None:
+        raise ConfigError(
+            f"attn_implementation={model_args.attn_implementation!r} cannot be used with async_rollouts: true: TRL's "
+            "asynchronous trainer packs samples into prefix trees and sets its own attention. Remove it."
+        )
+    try:
+        return ModelConfig(**dataclasses.asdict(model_args), dtype=training_args.dtype)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"invalid configuration: {err}") from err

@@ -83,6 +83,16 @@ class ScriptArguments:
             Response length of validation samples; default the preset's, else 4096.
         val_max_problems (`int`, *optional*):
             At most this many problems per benchmark (quick checks).
+
+        > Asynchronous training (docs/off-policy-and-async.md)
+
+        async_rollouts (`bool`, defaults to `False`):
+            Train with TRL's asynchronous GRPO trainer (`AsyncBandPOTrainer`, `AsyncDGPOTrainer`,
+            `AsyncPolicyLossTrainer`): a vLLM server (`vllm_server_base_url`) generates ahead of the trainer, which
+            pushes its weights to it every `weight_sync_steps` steps. The training keys are then those of
+            `AsyncPolicyLossConfig` (`trl.experimental.async_grpo.AsyncGRPOConfig` + the policy-loss fields), and
+            in-training evaluation and validation are refused (the async trainer has no generation engine of its own:
+            evaluate the saved checkpoints with `trl-bandpo eval`). Needs GPUs (weights travel over NCCL).
     """
 
     dataset_name: list[str] | None = field(
@@ -128,6 +138,10 @@ class ScriptArguments:
     val_scorer: str | None = field(default=None, metadata={"help": "Validation scorer(s), e.g. 'strict'."})
     val_max_new_tokens: int | None = field(default=None, metadata={"help": "Response length of validation samples."})
     val_max_problems: int | None = field(default=None, metadata={"help": "At most this many problems per benchmark."})
+    async_rollouts: bool = field(
+        default=False,
+        metadata={"help": "Train with TRL's asynchronous GRPO trainer and a vLLM server (AsyncBandPOTrainer, ...)."},
+    )
 
     def __post_init__(self):
         # argparse checks neither the types nor the choices of values that come from the YAML file.
@@ -180,6 +194,19 @@ class ScriptArguments:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1 or null, got {value!r}.")
+        if not isinstance(self.async_rollouts, bool):
+            raise ValueError(f"async_rollouts must be true or false, got {self.async_rollouts!r}.")
+        if self.async_rollouts:
+            given = {"val_preset": self.val_preset, "val_benchmarks": self.val_benchmarks,
+                     "eval_dataset_name": self.eval_dataset_name}  # fmt: skip
+            given = {name: value for name, value in given.items() if value is not None}
+            if given:
+                raise ValueError(
+                    f"{', '.join(f'{name}={value!r}' for name, value in given.items())} cannot be used with "
+                    "async_rollouts: true: the asynchronous trainer has no generation engine of its own to validate "
+                    "or evaluate with. Remove it (or set val_preset: none) and evaluate the saved checkpoints with "
+                    "`trl-bandpo eval`."
+                )
 
 
 def _split_names(names: Sequence[str] | None) -> list[str] | None:

@@ -11,7 +11,9 @@ Every recipe key is a field of [`~trl_bandpo.cli.recipe.ScriptArguments`] (data,
 [`trl_bandpo.PolicyLossConfig`] (every `trl.GRPOConfig` field plus `policy_loss`, `band_*`, `dgpo_*`, `ce_gppo_*`,
 `aspo_*`) or `trl.ModelConfig` (model, dtype, LoRA, 4/8-bit loading); `trl_bandpo.cli.recipe` parses them. The trainer
 class follows `policy_loss`: `DGPOTrainer` for `"dgpo"`, `BandPOTrainer` otherwise; both run every policy loss, the
-class only sets the model-card tags.
+class only sets the model-card tags. With `async_rollouts: true` the training fields are
+[`trl_bandpo.AsyncPolicyLossConfig`]'s and the trainer is `AsyncDGPOTrainer` / `AsyncBandPOTrainer`, TRL's
+asynchronous GRPO trainer with a vLLM server generating ahead (docs/off-policy-and-async.md).
 """
 
 from __future__ import annotations
@@ -52,8 +54,13 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def trainer_class_for(policy_loss: str):
-    """`DGPOTrainer` for ``"dgpo"``, `BandPOTrainer` for every other policy loss (the class only sets tags)."""
+def trainer_class_for(policy_loss: str, asynchronous: bool = False):
+    """`DGPOTrainer` for ``"dgpo"``, `BandPOTrainer` for every other policy loss (the class only sets tags); their
+    asynchronous twins (`AsyncDGPOTrainer`, `AsyncBandPOTrainer`) with `asynchronous`."""
+    if asynchronous:
+        from ..async_trainer import AsyncBandPOTrainer, AsyncDGPOTrainer
+
+        return AsyncDGPOTrainer if policy_loss == "dgpo" else AsyncBandPOTrainer
     from ..trainer import BandPOTrainer, DGPOTrainer
 
     return DGPOTrainer if policy_loss == "dgpo" else BandPOTrainer
@@ -261,6 +268,20 @@ def describe_run(trainer) -> str:
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if plugin is not None:
         parallel += f" ZeRO-{plugin.zero_stage}"
+    if not hasattr(args, "generation_batch_size"):  # the asynchronous trainer (AsyncPolicyLossConfig)
+        if args.token_budget is not None and args.token_budget > 0:
+            micro = f"micro-batches of up to {args.token_budget} tokens per process"
+        elif args.token_budget is None:
+            micro = "micro-batches of up to the server's max_model_len tokens per process"
+        else:
+            micro = f"micro-batches of {args.per_device_train_batch_size} samples per process"
+        return (
+            f"trl-bandpo: {type(trainer).__name__}, policy_loss={args.policy_loss} | {processes} process(es), "
+            f"{parallel} | rollouts from the vLLM server at {args.vllm_server_base_url}, {args.num_generations} "
+            f"completions per prompt | {micro}, {args.gradient_accumulation_steps} per optimizer step | weights "
+            f"pushed every {args.weight_sync_steps} step(s), samples older than {args.max_staleness} push(es) "
+            f"dropped | max_steps={args.max_steps}"
+        )
     per_update = args.per_device_train_batch_size * processes * args.gradient_accumulation_steps
     generation = args.generation_batch_size
     return (
@@ -333,23 +354,25 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
         validation = build_validation(script_args)  # benchmarks loaded and checked before the model loads
     if script_args.eval_dataset_name and eval_dataset is None:
         logger.warning("eval_dataset_name is set but eval_strategy is 'no': no evaluation during training.")
-    check_dataset_size(len(train_dataset), training_args)  # before the model loads
+    asynchronous = script_args.async_rollouts
+    if not asynchronous:  # the asynchronous trainer cycles through the prompts: any non-empty set will do
+        check_dataset_size(len(train_dataset), training_args)  # before the model loads
     warn_about_positions(model_args, training_args, train_dataset, tokenizer)
 
-    trainer_cls = trainer_class_for(training_args.policy_loss)
+    trainer_cls = trainer_class_for(training_args.policy_loss, asynchronous)
     logger.info(
-        "%s: policy_loss=%s, loss_type=%s, %d training problems, model %s",
-        trainer_cls.__name__, training_args.policy_loss, training_args.loss_type, len(train_dataset),
-        model_args.model_name_or_path,
+        "%s: policy_loss=%s, %d training problems, model %s",
+        trainer_cls.__name__, training_args.policy_loss, len(train_dataset), model_args.model_name_or_path,
     )  # fmt: skip
+    trainer_kwargs = {"peft_config": get_peft_config(model_args)}
+    if not asynchronous:  # AsyncGRPOTrainer takes neither (both refused by parse_args)
+        trainer_kwargs.update(eval_dataset=eval_dataset, quantization_config=get_quantization_config(model_args))
     trainer = trainer_cls(
         model=model_args.model_name_or_path,
         reward_funcs=[build_reward(script_args)],
         args=training_args,
         train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        quantization_config=get_quantization_config(model_args),
-        peft_config=get_peft_config(model_args),
+        **trainer_kwargs,
     )
     if validation is not None:
         validation.attach(trainer)
