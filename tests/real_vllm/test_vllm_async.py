@@ -14,18 +14,23 @@ Each run checks that
 The toy task: write digits after a chat prompt (reward: the share of digits in the completion; a random tiny model
 writes about 4%). Runs are not reproducible bit for bit: TRL's rollout worker draws a fresh sampling seed per request
 and the queue interleaves with training. ``TRL_BANDPO_ASYNC_SEEDS=0,1,2`` repeats each run with those trainer seeds
-(the spread recorded in benchmarks/RESULTS.md); the tier's default is one run per method.
+(the spread recorded in docs/off-policy-and-async.md, with the runs of the earlier protocols: at learning rate 0.05
+one DGPO run in seven collapsed to a reward of 0); the tier's default is one run per method. The last test runs the
+async recipe through `trl-bandpo train`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import types
+from pathlib import Path
 
 import pytest
 from vllm_tier import (
     MAX_COMPLETION,
+    MODEL_KWARGS,
     assert_engine_holds,
     engine_logprobs,
     initial_policy,
@@ -37,7 +42,8 @@ from vllm_tier import (
 require_vllm()
 
 SEEDS = [int(seed) for seed in os.environ.get("TRL_BANDPO_ASYNC_SEEDS", "0").split(",")]
-MAX_STEPS = 20
+MAX_STEPS = 30
+LEARNING_RATE = 0.02
 BATCH = 16  # samples per optimizer step: 4 prompts x 4 completions
 
 
@@ -54,6 +60,23 @@ def chat_prompts():
     return Dataset.from_list([{"prompt": [{"role": "user", "content": prompt}]} for prompt in prompts])
 
 
+@pytest.fixture(scope="module")
+def vllm_model_dir(tmp_path_factory):
+    """The tier's tiny model (this module's server serves it too), with a response template saved with its tokenizer:
+    TRL's rollout worker parses each completion with it, and knows one only for real models' chat templates. The tiny
+    template is ChatML, which Qwen's response template parses."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen3_template
+
+    from trl_bandpo.tiny_model import save_tiny_model
+
+    path = save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_async"), **MODEL_KWARGS)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.response_template = qwen3_template
+    tokenizer.save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="module", autouse=True)
 def cpu_async_trainer():
     from async_cpu_stand_ins import patch_for_cpu
@@ -66,8 +89,6 @@ def cpu_async_trainer():
 def run_async(name, model_dir, server, output_dir, seed):
     """`MAX_STEPS` optimizer steps of the async trainer `name` on the toy task; returns the trainer and the push."""
     from cpu_weight_push import CpuWeightTransfer
-    from transformers import AutoTokenizer
-    from trl.chat_template_utils import qwen3_template
 
     from trl_bandpo.async_trainer import AsyncBandPOConfig, AsyncBandPOTrainer, AsyncDGPOConfig, AsyncDGPOTrainer
 
@@ -75,21 +96,16 @@ def run_async(name, model_dir, server, output_dir, seed):
         "bandpo": (AsyncBandPOTrainer, AsyncBandPOConfig),
         "dgpo": (AsyncDGPOTrainer, AsyncDGPOConfig),
     }[name]
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    # TRL's rollout worker parses each completion with the tokenizer's response template, which it knows for real
-    # models' chat templates only; the tiny model's template is ChatML, which Qwen's response template parses.
-    tokenizer.response_template = qwen3_template
     args = config_class(
         output_dir=str(output_dir), use_cpu=True, bf16=False, dtype="float32", report_to="none",
         gradient_checkpointing=False, seed=seed, disable_tqdm=True, save_strategy="no", logging_steps=1,
-        max_steps=MAX_STEPS, learning_rate=0.05, per_device_train_batch_size=BATCH, token_budget=0,
+        max_steps=MAX_STEPS, learning_rate=LEARNING_RATE, per_device_train_batch_size=BATCH, token_budget=0,
         num_generations=4, max_completion_length=MAX_COMPLETION, vllm_server_base_url=server.base_url,
         max_staleness=2, weight_sync_steps=1, queue_maxsize=2 * BATCH,
     )  # fmt: skip
     push = CpuWeightTransfer(server.base_url)
     trainer = trainer_class(
-        model=str(model_dir), reward_funcs=digit_share, args=args, train_dataset=chat_prompts(),
-        processing_class=tokenizer, weight_transfer=push,
+        model=str(model_dir), reward_funcs=digit_share, args=args, train_dataset=chat_prompts(), weight_transfer=push,
     )  # fmt: skip
     start = time.monotonic()
     trainer.train()
@@ -111,7 +127,8 @@ def test_async_run_learns_with_the_engine_following_the_weights(name, seed, vllm
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     print(
         f"\nASYNC-LEARNING {name} seed={seed} steps={len(logs)} reward_first3={first:.3f} reward_last3={last:.3f} "
-        f"rewards={[round(r, 3) for r in rewards]} lag_mean={[round(v, 2) for v in lags]} wall_s={trainer.wall_s:.0f}"
+        f"rewards={[round(r, 3) for r in rewards]} lag_mean={[round(v, 2) for v in lags]} wall_s={trainer.wall_s:.0f} "
+        f"mean_length={[round(entry.get('completions/mean_length', float('nan')), 1) for entry in logs]}"
     )
     assert len(logs) == MAX_STEPS
     # One push at train begin, then one after every optimizer step (weight_sync_steps=1).
@@ -144,3 +161,46 @@ def test_async_run_learns_with_the_engine_following_the_weights(name, seed, vllm
 
     # The task is learned.
     assert last > first + 0.1, f"{name} did not learn the toy task: rewards {rewards}"
+
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+ASYNC_RECIPE = RECIPES / "async" / "qwen2.5-3b-instruct_band-kl-0.05_async.yaml"
+
+
+def test_async_recipe_trains_through_trl_bandpo_train(vllm_model_dir, vllm_server, tmp_path, monkeypatch, capsys):
+    """The async recipe through `trl-bandpo train` (its `main`, in this process): the recipe's trainer and settings,
+    with the tiny model, local problems, the tier's server, and the CPU stand-in in place of TRL's NCCL client."""
+    import trl.experimental.async_grpo.async_grpo_trainer as async_module
+    from cpu_weight_push import CpuWeightTransfer
+
+    from trl_bandpo.cli.tiny_model import write_problems
+    from trl_bandpo.cli.train import main
+
+    transfers = []
+
+    def cpu_transfer(vllm_client, weight_update_info, weight_sync_timeout):  # TRL's WeightTransferClient's call
+        transfers.append(CpuWeightTransfer(vllm_client.server_url))
+        return transfers[-1]
+
+    monkeypatch.setattr(async_module, "WeightTransferClient", cpu_transfer)
+    output_dir = tmp_path / "run"
+    argv = [
+        "--config", str(ASYNC_RECIPE), "--model_name_or_path", str(vllm_model_dir),
+        "--dataset_name", str(write_problems(tmp_path / "problems.jsonl")), "--prompt_template", "boxed",
+        "--reward", "signed", "--vllm_server_base_url", vllm_server.base_url, "--vllm_server_timeout", "30",
+        "--use_cpu", "true", "--bf16", "false", "--gradient_checkpointing", "false", "--num_generations", "4",
+        "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1", "--queue_maxsize", "16",
+        "--max_completion_length", str(MAX_COMPLETION), "--max_steps", "2", "--logging_steps", "1",
+        "--save_strategy", "no", "--report_to", "none", "--output_dir", str(output_dir),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "trl-bandpo: AsyncBandPOTrainer, policy_loss=band" in printed and "weights pushed every 1 step" in printed
+    assert len(transfers) == 1 and transfers[0].pushes == 3  # at train begin, then after each of the 2 steps
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    steps = [entry for entry in state["log_history"] if "loss" in entry]
+    assert len(steps) == 2
+    for entry in steps:  # the recipe's Band (KL, radius 0.05, capped at 10) and the staleness metrics
+        assert 0 < entry["bounds/lower_mean"] < 1 < entry["bounds/upper_mean"] <= 10
+        assert "staleness/lag_mean" in entry and "reward" in entry
+    assert (output_dir / "model.safetensors").is_file()
