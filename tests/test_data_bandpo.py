@@ -409,7 +409,7 @@ def test_run_loads_the_tokenizer_once_and_filters_before_training(tmp_path, tiny
         def save_state(self):
             pass
 
-    monkeypatch.setattr(train, "trainer_class_for", lambda policy_loss: StandIn)
+    monkeypatch.setattr(train, "trainer_class_for", lambda policy_loss, asynchronous=False: StandIn)
     monkeypatch.setattr(train, "describe_run", lambda trainer: "")
     train.run(*parse_args(["--config", str(recipe)]))
     assert len(loads) == 1

@@ -355,7 +355,7 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
     if script_args.eval_dataset_name and eval_dataset is None:
         logger.warning("eval_dataset_name is set but eval_strategy is 'no': no evaluation during training.")
     asynchronous = script_args.async_rollouts
-    if not asynchronous:  # the asynchronous trainer cycles through the prompts: any non-empty set will do
+    if not asynchronous:  # the asynchronous trainer cycles through the prompts (the loaders refuse an empty set)
         check_dataset_size(len(train_dataset), training_args)  # before the model loads
     warn_about_positions(model_args, training_args, train_dataset, tokenizer)
 
