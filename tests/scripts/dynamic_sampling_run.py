@@ -67,6 +67,9 @@ def main(model_dir, output_dir):
             },
             f,
         )
+    # Destroy the process group before the interpreter exits: a gloo group torn down at exit can abort a rank
+    # ("terminate called without an active exception") after all its work is done.
+    trainer.end()
 
 
 if __name__ == "__main__":
