@@ -226,7 +226,7 @@ def make_trainer(method: str, model_path: str, args, output_dir: str, clock: Clo
     engine = trainer.vllm_generation
     engine.generate = clock.timed("generate", engine.generate)
     engine.sync_weights = clock.timed("push", engine.sync_weights)
-    if trainer.args.__dict__.get("old_logps_source", "trainer") == "trainer":
+    if getattr(trainer.args, "old_logps_source", "trainer") == "trainer":  # GRPOConfig has no such field
         trainer._generate_and_score_completions = record_logp_gap(clock, trainer._generate_and_score_completions)
     return trainer
 

@@ -548,3 +548,12 @@ def test_paper_recipes_show_the_rollout_old_log_probs_alternative(path, tmp_path
     uncommented.write_text(text.replace(commented, "old_logps_source: rollout  #"))
     _, args, _ = _parse(uncommented)
     assert args.old_logps_source == "rollout" and args.vllm_importance_sampling_correction is False
+
+
+@pytest.mark.parametrize("value", ["1", "maybe", "[true]"])
+def test_async_rollouts_that_is_no_boolean_fails_first(tmp_path, value):
+    """It selects the config, so a wrong value in the recipe is refused before anything else, naming it."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"async_rollouts: {value}\nmodel_name_or_path: m\ndataset_name: d\nmax_staleness: 2\n")
+    with pytest.raises(ConfigError, match="async_rollouts must be true or false"):
+        parse_args(["--config", str(recipe)])
