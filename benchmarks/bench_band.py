@@ -27,7 +27,7 @@ import torch
 if __package__ in (None, ""):  # `python benchmarks/bench_band.py` from the repository root
     sys.path.insert(0, __file__.rsplit("/benchmarks/", 1)[0])
 
-from trl_bandpo.band import band_bounds  # noqa: E402
+from trl_bandpo.core.band import band_bounds  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 

@@ -29,7 +29,7 @@ def build_trainer(args, workdir: Path):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from trl_bandpo import BandPOConfig, BandPOTrainer
-    from trl_bandpo.tiny_model import build_tiny_tokenizer
+    from trl_bandpo.demo.tiny_model import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     config = Qwen2Config(

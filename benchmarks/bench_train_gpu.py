@@ -45,7 +45,7 @@ def build_model(size: str, workdir: Path) -> str:
     """Save a freshly initialised Qwen2-style model of `size` with the tiny byte-level tokenizer; return its path."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trl_bandpo.tiny_model import build_tiny_tokenizer
+    from trl_bandpo.demo.tiny_model import build_tiny_tokenizer
 
     hidden, layers, heads = SIZES[size]
     tokenizer = build_tiny_tokenizer()

@@ -25,7 +25,7 @@ order. The table gives:
 - the same for the rest of the step, outside the engine (step - generation - weight push): the old-log-prob pass,
   rewards, the loss's forward and backward and the optimizer, where the methods differ (generation is the same work
   for all, but its time moves with the machine);
-- the time spent generating and pushing weights, and the time inside `trl_bandpo.band.band_bounds` (every
+- the time spent generating and pushing weights, and the time inside `trl_bandpo.core.band.band_bounds` (every
   reference to it in the package is wrapped by a timer) per step and as a share of the step;
 - per generation cycle (the steps that train on one generation): the median total, and its paired ratio;
 - where the trainer's old-policy pass ran: the mean and largest |engine log-prob - trainer log-prob| over every
@@ -74,7 +74,7 @@ def build_model(workdir: Path, hidden: int, layers: int, heads: int) -> str:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trl_bandpo.tiny_model import build_tiny_tokenizer
+    from trl_bandpo.demo.tiny_model import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     config = Qwen2Config(
@@ -172,11 +172,11 @@ class Clock:
 
 
 def wrap_band_bounds() -> None:
-    """Time every call of `trl_bandpo.band.band_bounds`, wherever the package refers to it, into the clock of the
+    """Time every call of `trl_bandpo.core.band.band_bounds`, wherever the package refers to it, into the clock of the
     step that runs it."""
-    import trl_bandpo.band
+    import trl_bandpo.core.band
 
-    original = trl_bandpo.band.band_bounds
+    original = trl_bandpo.core.band.band_bounds
 
     def timed_band_bounds(*args, **kwargs):
         started = time.perf_counter()

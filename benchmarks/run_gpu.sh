@@ -125,7 +125,7 @@ for name in ("triton", "transformers", "accelerate", "peft", "trl", "datasets", 
         versions.append(f"{name} unavailable ({type(err).__name__}: {err})")
 print(" | ".join(versions), "|", torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device")
 EOF
-  "$PY" -c "import sys, trl_bandpo.band, trl_bandpo.kernels.band_kl; \
+  "$PY" -c "import sys, trl_bandpo.core.band, trl_bandpo.kernels.band_kl; \
 assert 'trl' not in sys.modules, 'the kernels imported trl'; print('trl_bandpo kernels import without trl: ok')"
 } >"$WORK/env.txt" 2>&1 || status=1
 cat "$WORK/env.txt"

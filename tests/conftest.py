@@ -11,7 +11,7 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny Qwen2 model and character tokenizer saved to a folder (TRL needs a path when `beta != 0`)."""
-    from trl_bandpo.tiny_model import save_tiny_model
+    from trl_bandpo.demo.tiny_model import save_tiny_model
 
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2")))
 

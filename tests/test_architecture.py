@@ -14,35 +14,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "trl_bandpo"
 
-# Layer of each module (by dotted name below `trl_bandpo`, prefix match): a module may import only its own layer or
-# lower ones. The package root (`trl_bandpo/__init__.py`) is the public surface and may import anything.
+# Layer of each folder (the first part of a module's dotted name below `trl_bandpo`): a module may import only its own
+# layer or lower ones. The package root (`trl_bandpo/__init__.py`) is the public surface and may import anything.
 LAYERS = {
     "version": 0,
-    "band": 0,
-    "band_solvers": 0,
-    "loss_registry": 0,
-    "losses": 0,
-    "metrics": 0,
+    "core": 0,
     "kernels": 1,
-    "configs": 2,
-    "checkpointing": 2,
-    "adaptive_radius": 2,
-    "dynamic_sampling": 2,
-    "trainer": 2,
-    "async_trainer": 2,
-    "answers": 3,
-    "dapo_scorer": 3,
-    "math_reward": 3,
-    "tiny_model": 3,
-    "verifier": 4,
-    "worker_pool": 4,
-    "strict_grader": 4,
+    "training": 2,
+    "scoring": 3,
     "data": 4,
-    "rewards": 5,
-    "evaluation": 6,
-    "validation": 6,
-    "demo": 7,
-    "cli": 8,
+    "evaluation": 5,
+    "demo": 6,
+    "cli": 7,
 }
 
 
@@ -148,7 +131,7 @@ def test_import_graph_sees_lazy_and_relative_imports():
     graph = import_graph()
     assert "kernels" in graph[""]  # `from . import kernels` in __init__
     assert "kernels.band_kl" in graph["kernels"]  # imported inside a function
-    assert "band" in graph["kernels.band_kl"]
+    assert "core.band" in graph["kernels.band_kl"]
 
 
 def test_light_core_imports():
@@ -157,7 +140,7 @@ def test_light_core_imports():
         "import sys\n"
         "import trl_bandpo\n"
         "from trl_bandpo import BandPOTrainer, DGPOTrainer, BandPOConfig\n"
-        "import trl_bandpo.rewards, trl_bandpo.data, trl_bandpo.evaluation, trl_bandpo.demo\n"
+        "import trl_bandpo.scoring.rewards, trl_bandpo.data, trl_bandpo.evaluation, trl_bandpo.demo\n"
         "heavy = [m for m in ('matplotlib', 'math_verify', 'latex2sympy2_extended') if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )

@@ -1,4 +1,5 @@
-"""The policy losses with TRL's asynchronous GRPO trainer (`trl_bandpo.async_trainer`, docs/off-policy-and-async.md).
+"""The policy losses with TRL's asynchronous GRPO trainer (`trl_bandpo.training.async_trainer`,
+docs/off-policy-and-async.md).
 
 `AsyncPolicyLossTrainer.compute_loss` mirrors the installed `AsyncGRPOTrainer.compute_loss` outside its fenced blocks
 (diffed here as tests/test_trl_mirror.py diffs `_compute_loss`), equals it in loss, gradients and metrics with
@@ -135,7 +136,7 @@ REPLACED = [
 def test_compute_loss_is_trl_verbatim_outside_the_fences():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    from trl_bandpo.async_trainer import AsyncPolicyLossTrainer
+    from trl_bandpo.training.async_trainer import AsyncPolicyLossTrainer
 
     assert_mirrors(
         AsyncGRPOTrainer.compute_loss, AsyncPolicyLossTrainer.compute_loss, REPLACED, "AsyncGRPOTrainer.compute_loss"
@@ -145,7 +146,7 @@ def test_compute_loss_is_trl_verbatim_outside_the_fences():
 def test_init_takes_async_grpo_trainers_parameters():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    from trl_bandpo.async_trainer import AsyncPolicyLossTrainer
+    from trl_bandpo.training.async_trainer import AsyncPolicyLossTrainer
 
     theirs = inspect.signature(AsyncGRPOTrainer.__init__).parameters
     ours = inspect.signature(AsyncPolicyLossTrainer.__init__).parameters
@@ -222,7 +223,7 @@ def test_cpu_tree_attention_matches_an_unpacked_forward(tiny_model_dir, tmp_path
     token as a plain forward of its sample alone does."""
     from transformers import AutoModelForCausalLM
 
-    from trl_bandpo.async_trainer import AsyncPolicyLossConfig, AsyncPolicyLossTrainer
+    from trl_bandpo.training.async_trainer import AsyncPolicyLossConfig, AsyncPolicyLossTrainer
 
     trainer = _build(AsyncPolicyLossTrainer, AsyncPolicyLossConfig, tiny_model_dir, tmp_path)
     samples = _samples(vocab=trainer.model.config.vocab_size)
@@ -246,7 +247,7 @@ def test_cpu_tree_attention_matches_an_unpacked_forward(tiny_model_dir, tmp_path
 def parity_trainers(tiny_model_dir, tmp_path_factory):
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
-    from trl_bandpo.async_trainer import AsyncPolicyLossConfig, AsyncPolicyLossTrainer
+    from trl_bandpo.training.async_trainer import AsyncPolicyLossConfig, AsyncPolicyLossTrainer
 
     tmp = tmp_path_factory.mktemp("async_parity")
     ours = _build(AsyncPolicyLossTrainer, AsyncPolicyLossConfig, tiny_model_dir, tmp / "ours", policy_loss="clip")
@@ -294,15 +295,15 @@ def test_clip_equals_async_grpo(parity_trainers, epsilon, epsilon_high):
 
 @pytest.fixture(scope="module")
 def band_trainer(tiny_model_dir, tmp_path_factory):
-    from trl_bandpo.async_trainer import AsyncBandPOConfig, AsyncBandPOTrainer
+    from trl_bandpo.training.async_trainer import AsyncBandPOConfig, AsyncBandPOTrainer
 
     return _build(AsyncBandPOTrainer, AsyncBandPOConfig, tiny_model_dir, tmp_path_factory.mktemp("async_band"))
 
 
 def test_band_bounds_come_from_the_rollouts_old_log_probs(band_trainer):
     """Loss, clip shares and bound means recomputed by hand from the Band of the samples' old log-probs."""
-    from trl_bandpo.band import band_bounds
-    from trl_bandpo.losses import clipped_surrogate_loss
+    from trl_bandpo.core.band import band_bounds
+    from trl_bandpo.core.losses import clipped_surrogate_loss
 
     trainer = band_trainer
     samples, batch = _with_old_log_probs(trainer, _samples(vocab=trainer.model.config.vocab_size), noise=1.0)
@@ -328,7 +329,7 @@ def test_band_bounds_come_from_the_rollouts_old_log_probs(band_trainer):
 @pytest.mark.parametrize("name", ["clip", "band", "relaxed_band", "dcpo", "dgpo", "band_dgpo", "gppo", "cispo",
                                   "ce_gppo", "aspo", "dppo_tv", "dppo_kl"])  # fmt: skip
 def test_every_registered_loss_trains(band_trainer, name):
-    from trl_bandpo.losses import POLICY_LOSSES, policy_loss_spec
+    from trl_bandpo.core.losses import POLICY_LOSSES, policy_loss_spec
 
     assert name in POLICY_LOSSES
     trainer = band_trainer
@@ -377,7 +378,7 @@ def test_lag_of_each_sample_reaches_the_loss(tiny_model_dir, tmp_path, monkeypat
     """A short `train()` on queued samples: every weight sync bumps the model version, and the lag each micro-batch's
     loss sees is the version being trained minus the version that generated the sample, although the data loader
     packs each micro-batch one ahead (before the sync that precedes its training)."""
-    from trl_bandpo.async_trainer import AsyncBandPOConfig, AsyncBandPOTrainer
+    from trl_bandpo.training.async_trainer import AsyncBandPOConfig, AsyncBandPOTrainer
 
     # 4 samples per micro-batch and step; versions chosen so that lags 0 to 3 all occur over 3 steps
     versions = [1, 0, 1, 1] + [2, 1, 0, 2] + [3, 0, 2, 1] + [3, 3, 3, 3] * 2
@@ -416,8 +417,8 @@ def test_lag_of_each_sample_reaches_the_loss(tiny_model_dir, tmp_path, monkeypat
 def test_clip_share_by_lag_counts_by_hand(band_trainer):
     """`clip_ratio_by_lag/<bucket>`: tokens clipped (low with A < 0, high with A > 0, against the bounds in force)
     among the tokens of samples with that lag; `staleness/lag_mean` over samples."""
-    from trl_bandpo.async_trainer import _LAG_KEY, _LAG_STEP_KEY
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
+    from trl_bandpo.training.async_trainer import _LAG_KEY, _LAG_STEP_KEY
 
     trainer = band_trainer
     samples, batch = _with_old_log_probs(trainer, _samples(vocab=trainer.model.config.vocab_size), noise=1.0)
@@ -450,8 +451,8 @@ def test_config_fields_are_policy_loss_configs(tmp_path):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     from trl_bandpo import PolicyLossConfig
-    from trl_bandpo.async_trainer import AsyncBandPOConfig, AsyncDGPOConfig, AsyncPolicyLossConfig
-    from trl_bandpo.configs import _loss_fields
+    from trl_bandpo.training.async_trainer import AsyncBandPOConfig, AsyncDGPOConfig, AsyncPolicyLossConfig
+    from trl_bandpo.training.configs import _loss_fields
 
     ours = {f.name: f for f in dataclasses.fields(PolicyLossConfig)}
     added = {f.name: f for f in dataclasses.fields(AsyncPolicyLossConfig)}.keys() - {
@@ -477,7 +478,7 @@ def test_config_fields_are_policy_loss_configs(tmp_path):
     ],
 )
 def test_config_checks_are_policy_loss_configs(tmp_path, settings, names):
-    from trl_bandpo.async_trainer import AsyncPolicyLossConfig
+    from trl_bandpo.training.async_trainer import AsyncPolicyLossConfig
 
     with pytest.raises(ValueError) as error:
         AsyncPolicyLossConfig(str(tmp_path), use_cpu=True, **settings)
@@ -486,7 +487,7 @@ def test_config_checks_are_policy_loss_configs(tmp_path, settings, names):
 
 
 def test_unused_field_warns(tmp_path):
-    from trl_bandpo.async_trainer import AsyncBandPOConfig
+    from trl_bandpo.training.async_trainer import AsyncBandPOConfig
 
     with pytest.warns(UserWarning, match="dgpo_m=3.0 has no effect with policy_loss='band'"):
         AsyncBandPOConfig(str(tmp_path), use_cpu=True, dgpo_m=3.0)
@@ -495,7 +496,7 @@ def test_unused_field_warns(tmp_path):
 def test_plain_async_grpo_config_gets_our_fields(tiny_model_dir, tmp_path):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    from trl_bandpo.async_trainer import AsyncDGPOConfig, AsyncDGPOTrainer
+    from trl_bandpo.training.async_trainer import AsyncDGPOConfig, AsyncDGPOTrainer
 
     trainer = _build(AsyncDGPOTrainer, AsyncGRPOConfig, tiny_model_dir, tmp_path, max_staleness=2)
     assert isinstance(trainer.args, AsyncDGPOConfig)
@@ -508,7 +509,7 @@ def test_plain_async_grpo_config_gets_our_fields(tiny_model_dir, tmp_path):
 
 def test_lazy_exports():
     import trl_bandpo
-    from trl_bandpo import async_trainer
+    from trl_bandpo.training import async_trainer
 
     for name in ("AsyncPolicyLossTrainer", "AsyncBandPOTrainer", "AsyncDGPOTrainer", "AsyncPolicyLossConfig",
                  "AsyncBandPOConfig", "AsyncDGPOConfig"):  # fmt: skip

@@ -1,4 +1,4 @@
-"""Tests of the Band operator (`trl_bandpo.band.band_bounds`, docs/band-operator.md).
+"""Tests of the Band operator (`trl_bandpo.core.band.band_bounds`, docs/band-operator.md).
 
 Every expected value is computed here, independently of the code under test: an mpmath reference solver of the
 scalar equation `g_f(p, r) = p f(r) + (1 - p) f((1 - r p)/(1 - p)) = delta` (bracketed root finding at 50 digits,
@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trl_bandpo.band import band_bounds, validate_band_args
+from trl_bandpo.core.band import band_bounds, validate_band_args
 
 # --------------------------------------------------------------------------------------------------------------
 # mpmath reference solver

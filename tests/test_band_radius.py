@@ -20,7 +20,7 @@ import pytest
 import torch
 from test_band import ALL_DIVERGENCES, GRID, MP, _tol, ref_bounds
 
-from trl_bandpo.band import band_bounds, check_radius, check_radius_tensor, validate_band_args
+from trl_bandpo.core.band import band_bounds, check_radius, check_radius_tensor, validate_band_args
 
 DIVERGENCES = (*ALL_DIVERGENCES, "callable")
 RADII = (1e-3, 0.01, 0.05, 0.3, 1.0, 3.0)

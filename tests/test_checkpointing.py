@@ -13,7 +13,7 @@ from test_trainers import addition_dataset, shaped_reward, train_args
 from transformers import TrainerCallback
 from transformers.trainer_callback import TrainerState
 
-import trl_bandpo.checkpointing
+import trl_bandpo.training.checkpointing
 from trl_bandpo import BandPOConfig, BandPOTrainer
 
 BUFFER = "generation_buffer_rank0.pt"
@@ -158,7 +158,7 @@ def test_an_interrupted_save_is_skipped_on_resume(tiny_model_dir, saved_checkpoi
             raise KeyboardInterrupt
         return real_state_save(self, path)
 
-    monkeypatch.setattr(trl_bandpo.checkpointing.torch, "save", recording_save)
+    monkeypatch.setattr(trl_bandpo.training.checkpointing.torch, "save", recording_save)
     monkeypatch.setattr(TrainerState, "save_to_json", interrupted)
     interrupted_run = _resume_run(tiny_model_dir, run_dir)
     interrupted_run.add_callback(_SaveAtStep(2))

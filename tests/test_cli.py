@@ -80,7 +80,7 @@ def test_version_from_the_console_entry():
 def test_bounds_caps_the_upper_bound_at_10_by_default_as_the_configs_do(capsys):
     """KL, delta = 0.05, p = 0.01: the Band's upper bound is 7.809846290 (docs/band-operator.md), under the cap;
     at p = 1e-4 it is 494.6038824, capped at 10 unless `--upper-max none`."""
-    from trl_bandpo.configs import PolicyLossConfig
+    from trl_bandpo.training.configs import PolicyLossConfig
 
     assert PolicyLossConfig.band_upper_max == 10.0
     main(["bounds", "--radius", "0.05", "--p", "1e-4", "0.01"])

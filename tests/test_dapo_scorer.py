@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from trl_bandpo.dapo_scorer import (
+from trl_bandpo.scoring.dapo import (
     MAX_GOLD_CHARS,
     REMOVED_EXPRESSIONS,
     SUBSTITUTIONS,
@@ -16,7 +16,7 @@ from trl_bandpo.dapo_scorer import (
     normalize_final_answer,
     score_dapo_completions,
 )
-from trl_bandpo.rewards import DAPOReward, dapo_reward
+from trl_bandpo.scoring.rewards import DAPOReward, dapo_reward
 
 # ---------------------------------------------------------------------------------------------------------------
 # normalize_final_answer: one group of hand-written cases per rule
@@ -284,7 +284,7 @@ def test_a_gold_answer_over_the_cap_scores_wrong_without_work(caplog):
     assert dapo_correct("Answer: 4", " " * 100 + "4")
     assert not dapo_correct("Answer: 4", " " * MAX_GOLD_CHARS + "4")  # would normalise to "4", but is not read
     assert dapo_correct("Answer: 4", [" " * MAX_GOLD_CHARS + "4", "4"])
-    with caplog.at_level(logging.WARNING, logger="trl_bandpo.dapo_scorer"):
+    with caplog.at_level(logging.WARNING, logger="trl_bandpo.scoring.dapo"):
         flags = score_dapo_completions(["Answer: 4", "Answer: 4"], ["4", "1" * 10_000_000])
     assert flags == [True, False]
     assert any("1 of 2 rows have a gold answer longer" in record.getMessage() for record in caplog.records)

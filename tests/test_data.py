@@ -16,7 +16,7 @@ from trl_bandpo.data import (
     load_training_mix,
     resolve_dataset_name,
 )
-from trl_bandpo.rewards import boxed_accuracy_reward
+from trl_bandpo.scoring.rewards import boxed_accuracy_reward
 
 DAPO_TEMPLATE = (
     "Solve the following math problem step by step. The last line of your response should be of the form "

@@ -32,7 +32,7 @@ from trl_bandpo.data import (
     prompt_lengths,
     resolve_dataset_name,
 )
-from trl_bandpo.tiny_model import CHAT_TEMPLATE, build_tiny_tokenizer
+from trl_bandpo.demo.tiny_model import CHAT_TEMPLATE, build_tiny_tokenizer
 
 # DAPO's template, written out by hand (DAPO-Math-17k's prompts; the BandPO authors' verl data).
 DAPO_EXPECTED = (

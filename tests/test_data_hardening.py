@@ -10,7 +10,7 @@ import datasets
 import pytest
 
 from trl_bandpo.data import DATASETS, DatasetSpec, load_math_dataset
-from trl_bandpo.rewards import boxed_accuracy_reward
+from trl_bandpo.scoring.rewards import boxed_accuracy_reward
 
 BIG_INTS = ("9007199254740993", "12345678901234567890")  # beyond float64's exact integers
 

@@ -42,7 +42,7 @@ def inline_code(text: str) -> list[str]:
 def test_adding_a_policy_loss_walkthrough_runs(monkeypatch, tmp_path):
     """Every python block of docs/adding-a-policy-loss.md, in order, in one namespace: it registers a loss, checks
     its gradient weights against the formula, builds its config and trains with it on the tiny local model."""
-    import trl_bandpo.loss_registry as registry
+    import trl_bandpo.core.loss_registry as registry
 
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the example's loss does not leak
     monkeypatch.chdir(tmp_path)
@@ -267,9 +267,9 @@ def test_command_checker_can_fail(tmp_path):
 
 def test_path_checker_can_fail(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("See `trl_bandpo/nonexistent.py`, [this](missing.md) and `trl_bandpo/losses.py`.\n")
+    page.write_text("See `trl_bandpo/nonexistent.py`, [this](missing.md) and `trl_bandpo/core/losses.py`.\n")
     found = {written: path.exists() for written, path in referenced_paths(page)}
-    assert found == {"trl_bandpo/nonexistent.py": False, "missing.md": False, "trl_bandpo/losses.py": True}
+    assert found == {"trl_bandpo/nonexistent.py": False, "missing.md": False, "trl_bandpo/core/losses.py": True}
 
 
 # ------------------------------------------------------------------------------------------------------------------

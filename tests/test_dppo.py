@@ -140,7 +140,7 @@ def test_where_the_caps_differ_the_documented_difference_holds():
 
 
 def test_metrics_count_masked_and_truncated_tokens():
-    from trl_bandpo.losses import dppo_kl_bounds, dppo_metrics
+    from trl_bandpo.core.losses import dppo_kl_bounds, dppo_metrics
 
     # p = 0.5 for all; ratios 1.8 (masked if A > 0), 1.0, 0.2 (KL(0.5||0.1) = 0.51 > δ: masked if A < 0), 1.9
     old = torch.log(torch.full((1, 4), 0.5, dtype=torch.float64))

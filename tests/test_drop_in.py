@@ -151,7 +151,8 @@ class _EnvironmentWithReward:
 
 def test_trls_warnings_from_our_constructor_point_at_the_users_line(tiny_model_dir, tmp_path, monkeypatch):
     """TRL warns that `environment_factory` is experimental from inside GRPOTrainer.__init__; through our trainer the
-    warning names this file and line, not trl_bandpo/trainer.py (whatever TRL then decides about the tokenizer)."""
+    warning names this file and line, not trl_bandpo/training/trainer.py (whatever TRL then decides about the
+    tokenizer)."""
     monkeypatch.delenv("TRL_EXPERIMENTAL_SILENCE", raising=False)
     args = BandPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", policy_loss="clip")
     with warnings.catch_warnings(record=True) as caught:

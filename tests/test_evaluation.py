@@ -17,7 +17,7 @@ from trl_bandpo.evaluation import (
     write_markdown,
 )
 from trl_bandpo.evaluation.scorers import score
-from trl_bandpo.math_reward import last_boxed_answer, math_reward_correct, normalize_answer
+from trl_bandpo.scoring.math_reward import last_boxed_answer, math_reward_correct, normalize_answer
 
 
 def brute_force_pass_at_k(n, c, k):
@@ -250,7 +250,7 @@ def test_vllm_backend_requests_n_samples_per_prompt(monkeypatch, tiny_model_dir,
 # ------------------------------------------------------------------------------------------------------------------
 
 MATH_REWARD_CASES = [
-    # (completion, gold, verdict): each worked by hand from the rule in trl_bandpo/math_reward.py
+    # (completion, gold, verdict): each worked by hand from the rule in trl_bandpo/scoring/math_reward.py
     (r"so \boxed{12}", "12", True),
     (r"\boxed{\dfrac{1}{2}}", r"\frac{1}{2}", True),  # dfrac -> frac
     (r"\boxed{\tfrac12}", r"\frac{1}{2}", True),  # tfrac -> frac, \frac12 -> \frac{1}{2}

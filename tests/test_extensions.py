@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trl_bandpo import policy_loss
-from trl_bandpo.band import band_bounds
+from trl_bandpo.core.band import band_bounds
 
 F64 = torch.float64
 
@@ -68,14 +68,14 @@ def _output(rows, prompt_len, completion_len, advantages, pad=0):
 
 
 def test_group_has_signal_is_any_nonzero_advantage_per_group():
-    from trl_bandpo.dynamic_sampling import group_has_signal
+    from trl_bandpo.training.dynamic_sampling import group_has_signal
 
     adv = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 1e-6])
     assert group_has_signal(adv, 4).tolist() == [False, True, True]
 
 
 def test_merge_pads_prompts_left_and_completions_right():
-    from trl_bandpo.dynamic_sampling import merge_generation_outputs, select_rows
+    from trl_bandpo.training.dynamic_sampling import merge_generation_outputs, select_rows
 
     a = _output(2, 3, 2, [1.0, -1.0])
     b = select_rows(_output(4, 1, 4, [0.0, 0.0, 2.0, -2.0]), torch.tensor([2, 3]))
@@ -260,7 +260,7 @@ def test_dynamic_sampling_two_processes_agree(tiny_model_dir, tmp_path):
 
 
 def test_entropy_radius_formula_by_hand():
-    from trl_bandpo.adaptive_radius import entropy_radius
+    from trl_bandpo.training.old_policy import entropy_radius
 
     entropies = torch.tensor([[0.5, 1.0, 2.0, 4.0], [0.0, 1.5, 9.0, 7.0]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
@@ -281,7 +281,7 @@ def test_entropy_radius_formula_by_hand():
 def test_radius_correlation_statistics_match_numpy():
     import numpy as np
 
-    from trl_bandpo.adaptive_radius import correlation, radius_statistics
+    from trl_bandpo.training.old_policy import correlation, radius_statistics
 
     g = torch.Generator().manual_seed(0)
     h = torch.rand(3, 5, generator=g) * 2
@@ -381,7 +381,7 @@ def test_radius_fn_hook_replaces_the_entropy_rule(tiny_model_dir, tmp_path):
 
 def test_entropy_radius_ignores_nan_and_inf_entropies_at_padding():
     """Masked-out positions enter no reduction: a NaN or inf entropy there (NaN * 0 = NaN) changes nothing."""
-    from trl_bandpo.adaptive_radius import entropy_radius
+    from trl_bandpo.training.old_policy import entropy_radius
 
     entropies = torch.tensor([[0.5, 1.0, 2.0, 4.0], [0.0, 1.5, float("nan"), float("inf")]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
@@ -396,7 +396,7 @@ def _radius_host(radius_fn=None):
     from collections import defaultdict
     from types import SimpleNamespace
 
-    from trl_bandpo.adaptive_radius import AdaptiveRadius
+    from trl_bandpo.training.old_policy import AdaptiveRadius
 
     host = AdaptiveRadius()
     host._policy_bound_kwargs = {"radius": 0.05}

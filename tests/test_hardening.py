@@ -13,8 +13,8 @@ from test_trainers import addition_dataset
 from trl import GRPOTrainer
 
 from trl_bandpo import BandPOConfig, BandPOTrainer, DGPOTrainer, PolicyLossConfig, PolicyLossTrainer, policy_loss
-from trl_bandpo.band import band_bounds, register_divergence
-from trl_bandpo.losses import POLICY_LOSSES, RATIO_LOG_MAX
+from trl_bandpo.core.band import band_bounds, register_divergence
+from trl_bandpo.core.losses import POLICY_LOSSES, RATIO_LOG_MAX
 
 CPU = dict(output_dir="unused", use_cpu=True, report_to="none")
 

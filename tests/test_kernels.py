@@ -114,7 +114,7 @@ def _per_token_radius_cases(grid: torch.Tensor) -> dict:
 
 def run_kernel(cases: dict, device: str) -> dict:
     """name -> (lower, upper) on CPU, from `band_bounds(..., solver="triton")`."""
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
 
     out = {}
     for name, case in cases.items():
@@ -133,7 +133,7 @@ def _radius_on(case: dict, device: str):
 
 def _interpreter_checks() -> dict:
     """Custom-op checks (schema, fake tensor, AOT dispatch) and torch.compile(fullgraph=True) on CPU."""
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
     from trl_bandpo.kernels import band_kl
 
     checks = {"interpreted": str(band_kl.INTERPRETED)}
@@ -188,7 +188,7 @@ def _self_check_scenarios() -> dict:
     """name -> callable(harness) raising on failure; `harness` gives the fault, a launch count and warnings."""
     import warnings
 
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
     from trl_bandpo.kernels import self_check
 
     x = torch.linspace(-20.0, 0.0, 300).reshape(3, 100)
@@ -446,7 +446,7 @@ def kernel_run(request, cases, tmp_path_factory):
 
 
 def _torch_solver(case, device):
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
 
     upper_max, relax = CONFIGS[case["config"]]
     lower, upper = band_bounds(
@@ -626,7 +626,7 @@ def test_kernel_self_check_mode_and_result_without_triton(monkeypatch):
 
 def test_cpu_without_interpreter_is_refused():
     """Without TRITON_INTERPRET, `solver="triton"` on CPU is a clear error and "auto" falls back to torch."""
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
 
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("this process runs the interpreter")
@@ -649,7 +649,7 @@ def _gpu_input(n=1 << 16, dtype=torch.float32):
 @pytest.mark.gpu
 def test_gpu_auto_uses_triton():
     import trl_bandpo.kernels.band_kl as band_kl
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
 
     x = _gpu_input()
     calls = []
@@ -668,7 +668,7 @@ def test_gpu_self_check_passes(monkeypatch):
     and `band_bounds(solver="auto")` keeps the kernel (no KernelCheckWarning)."""
     import warnings
 
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
     from trl_bandpo.kernels import self_check
 
     monkeypatch.delenv(self_check.ENV_VAR, raising=False)
@@ -685,7 +685,7 @@ def test_gpu_self_check_passes(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_gpu_large_matches_torch(dtype):
     """Many programs and a ragged tail (2^21 + 3 elements)."""
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
 
     x = _gpu_input((1 << 21) + 3, dtype)
     got = band_bounds(x, 0.05, solver="triton", upper_max=10.0)
@@ -697,7 +697,7 @@ def test_gpu_large_matches_torch(dtype):
 
 @pytest.mark.gpu
 def test_gpu_torch_compile_fullgraph():
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
 
     def loss(logps, old_logps, adv):
         lower, upper = band_bounds(old_logps, 0.05, upper_max=10.0)
@@ -716,7 +716,7 @@ def test_gpu_torch_compile_fullgraph():
 
 @pytest.mark.gpu
 def test_gpu_cuda_graph_capture():
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
 
     x = _gpu_input()
     band_bounds(x, 0.05, solver="triton", relax=(0.2, 0.28))  # compile outside the capture
@@ -737,7 +737,7 @@ def test_gpu_cuda_graph_capture():
 def test_gpu_per_token_radius_large_matches_torch(dtype):
     """The per-token radius path (verified under the interpreter only until this runs): per element, per row, 0-d
     and bad elements, over many programs and a ragged tail."""
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
 
     x = _gpu_input((1 << 21) + 3, dtype)
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -759,7 +759,7 @@ def test_gpu_per_token_radius_large_matches_torch(dtype):
 @pytest.mark.gpu
 def test_gpu_cuda_graph_capture_per_token_radius():
     """Radii updated in place between replays, as a schedule would: no host read, the graph sees the new values."""
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
 
     x = _gpu_input()
     radius = torch.full_like(x, 0.05)
@@ -779,7 +779,7 @@ def test_gpu_cuda_graph_capture_per_token_radius():
 @pytest.mark.gpu
 def test_gpu_int64_indexing():
     """More than 2^31 elements: the program offsets must not overflow int32."""
-    from trl_bandpo.band import band_bounds
+    from trl_bandpo.core.band import band_bounds
 
     n = (1 << 31) + 1000
     if torch.cuda.get_device_properties(0).total_memory < 40 * n:

@@ -18,7 +18,7 @@ from test_docs import fenced_blocks
 
 from trl_bandpo import PolicyLossConfig, policy_loss
 from trl_bandpo.cli.tiny_model import write_problems
-from trl_bandpo.tiny_model import save_tiny_model
+from trl_bandpo.demo.tiny_model import save_tiny_model
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "adding-a-policy-loss.md"
 
@@ -48,7 +48,7 @@ def user_package(tmp_path_factory):
     loss_block, register_block = fenced_blocks(PAGE.read_text(), "python")[:2]
     assert "def leaky_clip_loss" in loss_block and "register_policy_loss" in register_block
     (package / "leaky.py").write_text(loss_block + RECORDING + register_block)
-    import trl_bandpo.loss_registry as registry
+    import trl_bandpo.core.loss_registry as registry
 
     saved = dict(registry._REGISTRY)
     sys.path.insert(0, str(root))

@@ -1,4 +1,4 @@
-"""Tests of `trl_bandpo.losses` against formulas written out here from docs/band-operator.md and
+"""Tests of `trl_bandpo.core.losses` against formulas written out here from docs/band-operator.md and
 docs/policy-losses.md (never the module's helpers).
 
 Notation (docs/policy-losses.md): `p = exp(old_logp)`, `r = pi / p`, advantage `A`; the gradient weight `w` is the
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from trl_bandpo.losses import POLICY_LOSSES, policy_bounds, policy_loss, policy_loss_spec
+from trl_bandpo.core.losses import POLICY_LOSSES, policy_bounds, policy_loss, policy_loss_spec
 
 F64 = torch.float64
 CLIPPED = ("clip", "band", "relaxed_band", "dcpo")
@@ -625,7 +625,7 @@ def test_policy_loss_names_a_non_float_tensor_by_its_dtype(tensor, dtype, which,
 def test_dcpo_upper_max_none_is_no_cap():
     """`upper_max=None` means no cap, as for the Band: DCPO's upper bound at p = 0.001 with eps_high = 0.2 is
     1/2 + 1/2 sqrt(1 + 0.8 / 0.001) = 1/2 + 1/2 sqrt(801) (about 14.65, above the default cap of 10)."""
-    from trl_bandpo.losses import dcpo_bounds
+    from trl_bandpo.core.losses import dcpo_bounds
 
     old = torch.log(torch.tensor([[0.001, 0.5]], dtype=torch.float64))
     lower, upper = policy_bounds("dcpo", old, upper_max=None)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from trl_bandpo.metrics import clip_counts
+from trl_bandpo.core.metrics import clip_counts
 
 # One sequence of 8 tokens (the last one padding), bounds [0.8, 1.2] everywhere.
 #   token:      0     1     2     3     4     5     6     7 (pad)

@@ -12,7 +12,7 @@ from datasets import Dataset
 from trl import GRPOTrainer
 
 from trl_bandpo import BandPOConfig, BandPOTrainer, PolicyLossConfig
-from trl_bandpo.band import band_bounds
+from trl_bandpo.core.band import band_bounds
 
 PROMPTS = [{"prompt": "1+1="}] * 4 + [{"prompt": "2+3="}] * 4  # one generation batch: 2 prompts x 4
 

@@ -13,7 +13,7 @@ import yaml
 
 from trl_bandpo.cli.recipe import ConfigError, make_parser, parse_args
 from trl_bandpo.cli.train import main, trainer_class_for, validation_settings
-from trl_bandpo.losses import policy_loss_spec
+from trl_bandpo.core.losses import policy_loss_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
@@ -451,7 +451,7 @@ def test_async_recipe_is_its_synchronous_recipe_on_the_async_trainer(path):
     """Parsed into the async config, with every key it shares with the synchronous BandPO recipe of its model that
     generates on a server (`_vllm-server`: the same 4 training GPUs) set to the same value; the header launches this
     file on FSDP2 next to a `trl vllm-serve` in the trainer's dtype, with the paper's mini-batch per optimizer step."""
-    from trl_bandpo.async_trainer import AsyncPolicyLossConfig
+    from trl_bandpo.training.async_trainer import AsyncPolicyLossConfig
 
     script_args, args, model_args = _parse(path)
     assert script_args.async_rollouts is True and isinstance(args, AsyncPolicyLossConfig)
@@ -516,8 +516,8 @@ def test_async_recipe_refuses_what_the_async_trainer_cannot_do(extra, needle):
 
 def test_async_rollouts_switches_any_recipe_to_the_async_config(tmp_path):
     """The key is read from the command line too (flag alone, or a value) and unset it keeps the synchronous config."""
-    from trl_bandpo.async_trainer import AsyncPolicyLossConfig
-    from trl_bandpo.configs import PolicyLossConfig
+    from trl_bandpo.training.async_trainer import AsyncPolicyLossConfig
+    from trl_bandpo.training.configs import PolicyLossConfig
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model_name_or_path: m\ndataset_name: d\npolicy_loss: dgpo\nbf16: false\nuse_cpu: true\n")

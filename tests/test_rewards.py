@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from trl_bandpo.answers import MAX_GOLD_CHARS, gold_alternatives
-from trl_bandpo.rewards import (
+from trl_bandpo.scoring.answers import MAX_GOLD_CHARS, gold_alternatives
+from trl_bandpo.scoring.rewards import (
     MAX_ANSWER_CHARS,
     MAX_BRACE_DEPTH,
     boxed_accuracy_reward,
@@ -314,7 +314,7 @@ def test_an_oversized_ground_truth_scores_wrong_without_work():
 
 
 def test_the_call_budget_counts_the_time_spent_reading_answers(monkeypatch, caplog):
-    import trl_bandpo.rewards as rewards
+    import trl_bandpo.scoring.rewards as rewards
 
     budgets = []
 
@@ -331,7 +331,7 @@ def test_the_call_budget_counts_the_time_spent_reading_answers(monkeypatch, capl
     assert score_completions([r"\boxed{x}"], ["y"], call_timeout_s=10.0) == [False]
     assert len(budgets) == 1 and budgets[0] <= 10.0 - 0.3  # what is left of the budget, not all of it
     budgets.clear()
-    with caplog.at_level("WARNING", logger="trl_bandpo.rewards"):
+    with caplog.at_level("WARNING", logger="trl_bandpo.scoring.rewards"):
         assert score_completions([r"\boxed{x}"], ["y"], call_timeout_s=0.1) == [False]
     assert budgets == []  # spent before any verification: nothing is verified
     assert any("1 of 1 answers were not verified" in record.getMessage() for record in caplog.records)

@@ -1,6 +1,6 @@
 r"""A reward call is bounded as a whole, verifier processes die with their parent, bad ground truths never raise.
 
-Timing tests use fake verifier processes (the real worker loop of `trl_bandpo.worker_pool` with `math_verify`
+Timing tests use fake verifier processes (the real worker loop of `trl_bandpo.scoring.worker_pool` with `math_verify`
 replaced by a function that sleeps on answers starting with ``slow`` and accepts those starting with ``right``), so
 that their timing is deterministic; bounds are asserted with generous slack.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from trl_bandpo import verifier, worker_pool
-from trl_bandpo.rewards import math_verify_reward, score_completions
+from trl_bandpo.scoring import verifier, worker_pool
+from trl_bandpo.scoring.rewards import math_verify_reward, score_completions
 
 REPO = Path(__file__).resolve().parents[1]
 SLACK_S = 4.0  # start-up of fake workers, a loaded machine
@@ -59,7 +59,7 @@ def boxed(answers):
 def test_call_budget_cuts_off_a_batch_of_slow_answers(fake_workers, caplog):
     answers = [f"right{i}" for i in range(4)] + [f"slow{i}" for i in range(64)]
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="trl_bandpo.rewards"):
+    with caplog.at_level(logging.WARNING, logger="trl_bandpo.scoring.rewards"):
         flags = score_completions(
             boxed(answers), [f"gold{i}" for i in range(68)], timeout_s=0.5, num_workers=2, call_timeout_s=2.0
         )
@@ -80,7 +80,7 @@ def test_default_budget_bounds_a_batch_of_slow_answers(fake_workers):
     elapsed = time.monotonic() - started
     assert flags == [False] * 64
     assert elapsed < budget + SLACK_S, f"{elapsed:.1f} s (each slow answer in turn: 16 s or more)"
-    from trl_bandpo.rewards import default_call_timeout
+    from trl_bandpo.scoring.rewards import default_call_timeout
 
     assert default_call_timeout(0.5, 2, 64) == budget
 
@@ -161,7 +161,7 @@ def test_bad_ground_truths_and_completions_never_raise():
 
 
 def test_a_huge_integer_gold_is_written_out_exactly():
-    from trl_bandpo.answers import gold_alternatives
+    from trl_bandpo.scoring.answers import gold_alternatives
 
     (text,) = gold_alternatives(10**5000 + 7)
     assert text == "1" + "0" * 4999 + "7"
@@ -177,8 +177,8 @@ def _alive(pid: int) -> bool:
 
 
 SCORER = r"""
-from trl_bandpo import verifier
-from trl_bandpo.rewards import score_completions
+from trl_bandpo.scoring import verifier
+from trl_bandpo.scoring.rewards import score_completions
 
 score_completions([r"\boxed{1}", r"\boxed{2}"], ["3", "4"], num_workers=2)  # two ready workers
 print(*[worker.process.pid for worker in verifier._POOL._idle], flush=True)
@@ -217,7 +217,8 @@ def test_no_budget_means_no_cut_off(fake_workers):
 
 IMPORTS = r"""
 import os, threading
-import trl_bandpo.rewards, trl_bandpo.strict_grader, trl_bandpo.verifier, trl_bandpo.worker_pool
+import trl_bandpo.scoring.rewards, trl_bandpo.scoring.strict_grader
+import trl_bandpo.scoring.verifier, trl_bandpo.scoring.worker_pool
 children = [open(f"/proc/self/task/{task}/children").read().split() for task in os.listdir("/proc/self/task")]
 print(threading.active_count(), sum(map(len, children)))
 """
@@ -232,7 +233,7 @@ def test_importing_starts_no_thread_and_no_process():
 
 def test_worker_files_load_without_the_package():
     """A worker loads its files by path: neither `trl_bandpo` (heavy) nor the caller's `__main__` is imported."""
-    files = [worker_pool.__file__, verifier.__file__, REPO / "trl_bandpo" / "strict_grader" / "_grade.py"]
+    files = [worker_pool.__file__, verifier.__file__, REPO / "trl_bandpo" / "scoring" / "strict_grader" / "_grade.py"]
     code = worker_pool._LOADER + (
         "for path in sys.argv[1:]:\n"
         "    load(path)\n"

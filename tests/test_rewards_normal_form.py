@@ -8,9 +8,9 @@ the worker processes run): whenever the shortcut says "equal", `math_verify` mus
 
 import pytest
 
-from trl_bandpo.answers import canonical_text
-from trl_bandpo.rewards import is_equivalent, score_completions
-from trl_bandpo.verifier import _math_verify_equal
+from trl_bandpo.scoring.answers import canonical_text
+from trl_bandpo.scoring.rewards import is_equivalent, score_completions
+from trl_bandpo.scoring.verifier import _math_verify_equal
 
 VERIFY_TIMEOUT_S = 5
 

@@ -1,7 +1,7 @@
 r"""The conservative evaluation checker (verl's ``prime_math`` rules): normalisations, verdicts per rule, time bound.
 
 Every expected verdict below is written by hand from the rules of ``prime_math`` (PRM800K's ``grade_answer``, then
-ToRA's ``math_equal``); the module docstring of `trl_bandpo.strict_grader` lists them.
+ToRA's ``math_equal``); the module docstring of `trl_bandpo.scoring.strict_grader` lists them.
 """
 
 import ast
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import sympy
 
-from trl_bandpo.strict_grader import extract_answer, grade_answer, strict_score, strict_scores
-from trl_bandpo.strict_grader._expressions import python_value, read_expression
-from trl_bandpo.strict_grader._grade import grade, should_allow_eval, split_tuple
-from trl_bandpo.strict_grader._normalize import latex_to_text, mathd_normalize, prm_normalize
+from trl_bandpo.scoring.strict_grader import extract_answer, grade_answer, strict_score, strict_scores
+from trl_bandpo.scoring.strict_grader._expressions import python_value, read_expression
+from trl_bandpo.scoring.strict_grader._grade import grade, should_allow_eval, split_tuple
+from trl_bandpo.scoring.strict_grader._normalize import latex_to_text, mathd_normalize, prm_normalize
 
 REPO = Path(__file__).resolve().parents[1]
 x, y = sympy.symbols("x y")
@@ -408,7 +408,10 @@ def test_garbage_never_raises():
 
 def test_module_level_imports_are_light():
     """sympy is imported on first use only (in the worker processes), never when the package is imported."""
-    for path in [*(REPO / "trl_bandpo" / "strict_grader").glob("*.py"), REPO / "trl_bandpo" / "dapo_scorer.py"]:
+    for path in [
+        *(REPO / "trl_bandpo" / "scoring" / "strict_grader").glob("*.py"),
+        REPO / "trl_bandpo" / "scoring" / "dapo.py",
+    ]:
         for node in ast.parse(path.read_text()).body:  # module level only
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [alias.name for alias in node.names] + [getattr(node, "module", None) or ""]

@@ -6,7 +6,7 @@ def test_tiny_model_tokenizer_survives_reloading_as_trl_does(tmp_path):
     and the token ids must come back unchanged, spaces and newlines included."""
     from transformers import AutoProcessor, AutoTokenizer
 
-    from trl_bandpo.tiny_model import build_tiny_tokenizer, save_tiny_model
+    from trl_bandpo.demo.tiny_model import build_tiny_tokenizer, save_tiny_model
 
     path = save_tiny_model(tmp_path / "tiny")
     text = "What is 12 + 7?\nAnswer: 19 = \\boxed{19}"

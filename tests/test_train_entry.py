@@ -349,7 +349,7 @@ def test_library_noise_is_filtered_narrowly():
     import logging
     import warnings
 
-    from trl_bandpo.cli.quiet import LIBRARY_FUTURE_WARNINGS, library_noise_filtered
+    from trl_bandpo.training.library_noise import LIBRARY_FUTURE_WARNINGS, library_noise_filtered
 
     noise = (
         "`is_gradient_checkpointing` is deprecated and will be removed in v6. Use `is_activation_checkpointing` "

@@ -13,7 +13,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-import trl_bandpo.losses
+import trl_bandpo.core.losses
 from trl_bandpo import BandPOConfig, BandPOTrainer, DGPOConfig, DGPOTrainer, PolicyLossConfig
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -143,13 +143,13 @@ def test_bounds_computed_once_per_generation_batch(tiny_model_dir, tmp_path, mon
     """Band bounds depend only on the old log-probs: one solve per generation batch, reused by every micro-step
     and every iteration over it (here 2 accumulation steps x 2 iterations = 4 loss calls per solve)."""
     calls = []
-    original = trl_bandpo.losses.band_bounds
+    original = trl_bandpo.core.losses.band_bounds
 
     def counting_band_bounds(old_logps, *args, **kwargs):
         calls.append(tuple(old_logps.shape))
         return original(old_logps, *args, **kwargs)
 
-    monkeypatch.setattr(trl_bandpo.losses, "band_bounds", counting_band_bounds)
+    monkeypatch.setattr(trl_bandpo.core.losses, "band_bounds", counting_band_bounds)
     trainer, _, _ = run_training(BandPOTrainer, BandPOConfig, tiny_model_dir, tmp_path, max_steps=4)
     generation_batches = (
         4
@@ -268,7 +268,7 @@ POLICY_TERM_CASES = {
 
 @pytest.mark.parametrize("name", sorted(POLICY_TERM_CASES))
 def test_per_token_loss_in_trainer_equals_policy_loss(tiny_model_dir, tmp_path, name):
-    from trl_bandpo.losses import policy_loss
+    from trl_bandpo.core.losses import policy_loss
 
     config_overrides, expected_kwargs = POLICY_TERM_CASES[name]
     trainer = BandPOTrainer(

@@ -14,7 +14,7 @@ import inspect
 
 from trl import GRPOTrainer
 
-from trl_bandpo.trainer import PolicyLossTrainer
+from trl_bandpo.training.trainer import PolicyLossTrainer
 
 OPEN, CLOSE = "# trl-bandpo:", "# trl-bandpo end"
 

@@ -1,5 +1,5 @@
-"""Validation during training (`trl_bandpo.validation`): real tiny BandPO runs on CPU with a local benchmark, the
-vLLM paths against stand-in engines, the recipe factory's checks, and a 2-process ZeRO-3 run."""
+"""Validation during training (`trl_bandpo.evaluation.validation`): real tiny BandPO runs on CPU with a local
+benchmark, the vLLM paths against stand-in engines, the recipe factory's checks, and a 2-process ZeRO-3 run."""
 
 import importlib.machinery
 import json
@@ -15,9 +15,9 @@ import pytest
 import torch
 from datasets import Dataset
 
-import trl_bandpo.validation as validation
+import trl_bandpo.evaluation.validation as validation
 from trl_bandpo import BandPOConfig, BandPOTrainer
-from trl_bandpo.validation import RECIPE_FIELDS, ValidationCallback, validation_callback_from_settings
+from trl_bandpo.evaluation.validation import RECIPE_FIELDS, ValidationCallback, validation_callback_from_settings
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -324,7 +324,7 @@ TWO_PROCESS_SCRIPT = textwrap.dedent(
     """
     import json, os, sys
     from datasets import Dataset
-    import trl_bandpo.validation as validation
+    import trl_bandpo.evaluation.validation as validation
     from trl_bandpo import BandPOConfig, BandPOTrainer
 
     model_dir, bench, out = sys.argv[1:4]

@@ -9,23 +9,23 @@ configs and trainers (imported on first use, they import TRL) build on both; the
 from typing import TYPE_CHECKING
 
 from . import kernels  # noqa: F401  (registers the Triton KL solver with band_bounds)
-from .band import DIVERGENCES, band_bounds
-from .losses import POLICY_LOSSES, policy_bounds, policy_loss
+from .core.band import DIVERGENCES, band_bounds
+from .core.losses import POLICY_LOSSES, policy_bounds, policy_loss
 from .version import __version__  # noqa: F401
 
 _LAZY = {
-    "PolicyLossConfig": "configs",
-    "BandPOConfig": "configs",
-    "DGPOConfig": "configs",
-    "PolicyLossTrainer": "trainer",
-    "BandPOTrainer": "trainer",
-    "DGPOTrainer": "trainer",
-    "AsyncPolicyLossConfig": "async_trainer",
-    "AsyncBandPOConfig": "async_trainer",
-    "AsyncDGPOConfig": "async_trainer",
-    "AsyncPolicyLossTrainer": "async_trainer",
-    "AsyncBandPOTrainer": "async_trainer",
-    "AsyncDGPOTrainer": "async_trainer",
+    "PolicyLossConfig": "training.configs",
+    "BandPOConfig": "training.configs",
+    "DGPOConfig": "training.configs",
+    "PolicyLossTrainer": "training.trainer",
+    "BandPOTrainer": "training.trainer",
+    "DGPOTrainer": "training.trainer",
+    "AsyncPolicyLossConfig": "training.async_trainer",
+    "AsyncBandPOConfig": "training.async_trainer",
+    "AsyncDGPOConfig": "training.async_trainer",
+    "AsyncPolicyLossTrainer": "training.async_trainer",
+    "AsyncBandPOTrainer": "training.async_trainer",
+    "AsyncDGPOTrainer": "training.async_trainer",
 }
 
 # The async classes stay out of `import *`: they import TRL's experimental API (which warns on import).
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .async_trainer import (  # noqa: F401
+    from .training.async_trainer import (  # noqa: F401
         AsyncBandPOConfig,
         AsyncBandPOTrainer,
         AsyncDGPOConfig,
@@ -47,8 +47,8 @@ if TYPE_CHECKING:
         AsyncPolicyLossConfig,
         AsyncPolicyLossTrainer,
     )
-    from .configs import BandPOConfig, DGPOConfig, PolicyLossConfig  # noqa: F401
-    from .trainer import BandPOTrainer, DGPOTrainer, PolicyLossTrainer  # noqa: F401
+    from .training.configs import BandPOConfig, DGPOConfig, PolicyLossConfig  # noqa: F401
+    from .training.trainer import BandPOTrainer, DGPOTrainer, PolicyLossTrainer  # noqa: F401
 
 
 def __getattr__(name):

@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def vllm_model_dir(tmp_path_factory) -> Path:
     """The tier's tiny Qwen2 (32-dim heads, see `vllm_tier.MODEL_KWARGS`) and tokenizer, saved."""
-    from trl_bandpo.tiny_model import save_tiny_model
+    from trl_bandpo.demo.tiny_model import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_vllm"), **MODEL_KWARGS)
 

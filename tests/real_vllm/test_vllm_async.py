@@ -68,7 +68,7 @@ def vllm_model_dir(tmp_path_factory):
     from transformers import AutoTokenizer
     from trl.chat_template_utils import qwen3_template
 
-    from trl_bandpo.tiny_model import save_tiny_model
+    from trl_bandpo.demo.tiny_model import save_tiny_model
 
     path = save_tiny_model(tmp_path_factory.mktemp("tiny_qwen2_async"), **MODEL_KWARGS)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -90,7 +90,12 @@ def run_async(name, model_dir, server, output_dir, seed):
     """`MAX_STEPS` optimizer steps of the async trainer `name` on the toy task; returns the trainer and the push."""
     from cpu_weight_push import CpuWeightTransfer
 
-    from trl_bandpo.async_trainer import AsyncBandPOConfig, AsyncBandPOTrainer, AsyncDGPOConfig, AsyncDGPOTrainer
+    from trl_bandpo.training.async_trainer import (
+        AsyncBandPOConfig,
+        AsyncBandPOTrainer,
+        AsyncDGPOConfig,
+        AsyncDGPOTrainer,
+    )
 
     trainer_class, config_class = {
         "bandpo": (AsyncBandPOTrainer, AsyncBandPOConfig),

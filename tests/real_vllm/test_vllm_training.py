@@ -24,7 +24,7 @@ from vllm_tier import (
     step_logs,
 )
 
-import trl_bandpo.validation as validation
+import trl_bandpo.evaluation.validation as validation
 
 require_vllm()  # before anything here touches vLLM
 

@@ -19,7 +19,7 @@ def require_vllm() -> None:
         pytest.skip(SKIP_REASON, allow_module_level=True)
 
 
-# The tier's test model: trl_bandpo.tiny_model's Qwen2 with 32-dim attention heads (vLLM-CPU's attention kernels
+# The tier's test model: trl_bandpo.demo.tiny_model's Qwen2 with 32-dim attention heads (vLLM-CPU's attention kernels
 # refuse the default 16: "Unsupported CPU attention configuration"), still ~0.1M parameters.
 MODEL_KWARGS = dict(hidden_size=64, num_heads=2, num_layers=2)
 MAX_MODEL_LEN = 256  # engine context: chat-templated prompts (one token per byte) plus the completion

@@ -9,7 +9,7 @@ import sys
 from datasets import Dataset
 
 from trl_bandpo import BandPOConfig, BandPOTrainer
-from trl_bandpo.dynamic_sampling import group_has_signal
+from trl_bandpo.training.dynamic_sampling import group_has_signal
 
 
 def reward(completions, prompts, **kwargs):

@@ -52,7 +52,7 @@ def _upper_max(text: str) -> float | None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `trl-bandpo bounds` argument parser."""
-    from ..band import DIVERGENCES
+    from ..core.band import DIVERGENCES
 
     parser = argparse.ArgumentParser(prog="trl-bandpo bounds", description="Band ratio bounds per old probability p.")
     parser.add_argument("--divergence", default="kl", choices=DIVERGENCES)
@@ -75,7 +75,7 @@ def bounds_main(argv: Sequence[str] | None = None) -> None:
     """Print ``| p | lower | upper | allowed new p |`` for each old probability p; bad arguments exit with status 2."""
     import torch
 
-    from ..band import band_bounds
+    from ..core.band import band_bounds
 
     parser = build_parser()
     args = parser.parse_args(argv)

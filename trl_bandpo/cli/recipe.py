@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 from trl import ModelConfig, TrlParser
 
-from ..configs import PolicyLossConfig, config_class_with_loss_fields
 from ..data import TRAINING_MIXES
+from ..training.configs import PolicyLossConfig, config_class_with_loss_fields
 from .errors import ConfigError
 from .recipe_checks import check_namespace, check_recipe_types, loss_specific_fields
 from .recipe_yaml import read_recipe_yaml
@@ -54,7 +54,7 @@ DATACLASS_TYPES = (ScriptArguments, PolicyLossConfig, ModelConfig)
 def _async_model_config() -> type:
     """`trl.ModelConfig`'s fields without those `AsyncGRPOConfig` has too (`dtype`): argparse takes each flag once,
     and the async trainer loads the model with its config's `dtype`. `parse_args` turns it into a `ModelConfig`."""
-    from ..async_trainer import AsyncPolicyLossConfig
+    from ..training.async_trainer import AsyncPolicyLossConfig
 
     shared = {f.name for f in dataclasses.fields(AsyncPolicyLossConfig)}
     specs = []
@@ -160,7 +160,7 @@ def _dataclass_types_for(argv: Sequence[str], recipe: dict) -> tuple:
         raise ConfigError(f"async_rollouts must be true or false, got {asynchronous!r}.")
     config_class, model_config_class = PolicyLossConfig, ModelConfig
     if asynchronous:
-        from ..async_trainer import AsyncPolicyLossConfig
+        from ..training.async_trainer import AsyncPolicyLossConfig
 
         config_class, model_config_class = AsyncPolicyLossConfig, _async_model_config()
     policy_loss = _given_value(argv, recipe, "policy_loss")

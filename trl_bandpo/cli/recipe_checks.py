@@ -25,9 +25,9 @@ from collections.abc import Iterable, Sequence
 from transformers.hf_argparser import string_to_bool
 from trl import GRPOConfig
 
-from ..configs import PolicyLossConfig
+from ..core.loss_registry import registered_policy_losses
 from ..data import BOXED_INSTRUCTION, PROMPT_TEMPLATES
-from ..loss_registry import registered_policy_losses
+from ..training.configs import PolicyLossConfig
 from .errors import ConfigError
 
 __all__ = [

@@ -58,7 +58,7 @@ class ScriptArguments:
         reward (`str`, defaults to `"signed"`):
             `"signed"`: +1 / -1 from math-verify on the last `\boxed{}` (DGPO); `"accuracy"`: the same as 1 / 0;
             `"dapo"`: +1 / -1 from the "Answer:" line compared as verl's `math_dapo` does (the BandPO authors'
-            training reward, `trl_bandpo.rewards.dapo_reward`; use it with `prompt_template: dapo`). With the
+            training reward, `trl_bandpo.scoring.rewards.dapo_reward`; use it with `prompt_template: dapo`). With the
             group-normalised advantage (`scale_rewards="group"`) signed and accuracy give the same advantages.
         reward_timeout (`float`, defaults to `5.0`):
             Wall-clock seconds allowed to `math_verify` per answer; an answer that takes longer scores wrong.

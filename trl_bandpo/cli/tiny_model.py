@@ -1,7 +1,7 @@
 """`trl-bandpo tiny-model PATH`: a tiny local model and a few problems, and the command that runs any recipe with
 them on a CPU, offline, in about a minute (docs/training.md, "Run a recipe on CPU").
 
-The model is `trl_bandpo.tiny_model.save_tiny_model`'s (a randomly initialised Qwen2 of 512 positions with a
+The model is `trl_bandpo.demo.tiny_model.save_tiny_model`'s (a randomly initialised Qwen2 of 512 positions with a
 byte-level tokenizer): it tests the plumbing of a recipe (data, reward, policy loss, logging, saving), not what the
 recipe learns. `CPU_OVERRIDES` turn any recipe into a two-step CPU run: no GPU, bf16, vLLM or validation
 benchmarks, and batch sizes and a completion length that the tiny model handles in seconds.
@@ -74,8 +74,8 @@ def tiny_model_main(argv: Sequence[str] | None = None) -> None:
 
     from transformers.utils import logging as transformers_logging
 
-    from ..tiny_model import save_tiny_model
-    from .quiet import library_noise_filtered
+    from ..demo.tiny_model import save_tiny_model
+    from ..training.library_noise import library_noise_filtered
 
     bars = transformers_logging.is_progress_bar_enabled()
     transformers_logging.disable_progress_bar()  # a bar for writing a 1 MB file is noise

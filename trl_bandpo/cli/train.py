@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 from trl import ModelConfig
 
-from ..configs import PolicyLossConfig
 from ..data import TRAINING_MIXES
-from .quiet import library_noise_filtered
+from ..training.configs import PolicyLossConfig
+from ..training.library_noise import library_noise_filtered
 from .recipe import REWARDS, ConfigError, ScriptArguments, make_parser, parse_args
 
 __all__ = [
@@ -58,17 +58,17 @@ def trainer_class_for(policy_loss: str, asynchronous: bool = False):
     """`DGPOTrainer` for ``"dgpo"``, `BandPOTrainer` for every other policy loss (the class only sets tags); their
     asynchronous twins (`AsyncDGPOTrainer`, `AsyncBandPOTrainer`) with `asynchronous`."""
     if asynchronous:
-        from ..async_trainer import AsyncBandPOTrainer, AsyncDGPOTrainer
+        from ..training.async_trainer import AsyncBandPOTrainer, AsyncDGPOTrainer
 
         return AsyncDGPOTrainer if policy_loss == "dgpo" else AsyncBandPOTrainer
-    from ..trainer import BandPOTrainer, DGPOTrainer
+    from ..training.trainer import BandPOTrainer, DGPOTrainer
 
     return DGPOTrainer if policy_loss == "dgpo" else BandPOTrainer
 
 
 def build_reward(script_args: ScriptArguments):
     """The reward chosen by `script_args.reward`: math-verify on the last ``\\boxed{}`` answer, or the DAPO scorer."""
-    from ..rewards import DAPOReward, math_verify_reward
+    from ..scoring.rewards import DAPOReward, math_verify_reward
 
     correct, wrong, name = REWARDS[script_args.reward]
     if script_args.reward == "dapo":
@@ -326,7 +326,7 @@ def build_validation(script_args: ScriptArguments, trainer=None):
     settings = validation_settings(script_args)
     if settings is None:
         return None
-    from ..validation import validation_callback_from_settings
+    from ..evaluation.validation import validation_callback_from_settings
 
     benchmarks = settings.pop("benchmarks")
     return validation_callback_from_settings(benchmarks, trainer=trainer, **settings)
@@ -390,7 +390,7 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse `argv` (default `sys.argv[1:]`), train, and return 0. Configuration errors (a bad recipe, a training
     set too small for one generation batch) exit with status 2. Library messages that are not the user's to act on
-    are filtered (`trl_bandpo.cli.quiet`)."""
+    are filtered (`trl_bandpo.training.library_noise`)."""
     with library_noise_filtered():
         try:
             script_args, training_args, model_args = parse_args(argv)

@@ -7,7 +7,7 @@ Every loader returns a `datasets.Dataset` with three string-valued columns:
 
   - ``"boxed"`` (the default): problem + " " + instruction, by default `BOXED_INSTRUCTION`
     (``"Let's think step by step and output the final answer within \\boxed{}."``), which the ``\boxed{}`` rewards
-    of `trl_bandpo.rewards` read;
+    of `trl_bandpo.scoring.rewards` read;
   - ``"dapo"``: DAPO's template, in which the BandPO authors' public verl scripts put every training and validation
     problem: ``"Solve the following math problem step by step. The last line of your response should be of the form
     Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n" + problem + "\n\nRemember to

@@ -4,7 +4,7 @@ Two templates are registered in `PROMPT_TEMPLATES`:
 
 * ``"boxed"`` (the default): the problem, a space and an instruction, by default `BOXED_INSTRUCTION`
   (``"Let's think step by step and output the final answer within \\boxed{}."``), which the ``\boxed{}`` rewards of
-  `trl_bandpo.rewards` read.
+  `trl_bandpo.scoring.rewards` read.
 * ``"dapo"``: DAPO's template (the DAPO-Math-17k prompts; the BandPO authors' public verl scripts wrap every training
   and validation problem in it): `DAPO_PROMPT_PREFIX` + problem + `DAPO_PROMPT_SUFFIX`. It asks for the final answer
   on a last line ``Answer: ...``, not in ``\boxed{}``: pair it with a reward that reads that line. The instruction

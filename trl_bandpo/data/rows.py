@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..answers import extract_boxed_answer
+from ..scoring.answers import extract_boxed_answer
 from .files import JsonNumber
 
 __all__ = ["Selection", "answer_text", "get_field", "has_field", "problem_text", "select_rows"]

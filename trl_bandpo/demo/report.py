@@ -11,7 +11,7 @@ import csv
 import math
 from pathlib import Path
 
-from ..metrics import TAIL_PROBABILITY
+from ..core.metrics import TAIL_PROBABILITY
 
 #: Tail tokens: old-token probability below this (BandPO Figure 3(b)); the trainer's metric uses the same constant.
 TAIL_P = TAIL_PROBABILITY

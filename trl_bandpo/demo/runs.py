@@ -55,7 +55,7 @@ _OTHER_EPSILONS = {"relaxed_band": (0.2, 0.28), "dcpo": (0.16, 0.2)}
 
 def method_settings(name: str, band_radius: float) -> dict[str, Any]:
     """`PolicyLossConfig` fields (and ``label``) for a method name: a preset or any `POLICY_LOSSES` name."""
-    from ..losses import POLICY_LOSSES, policy_loss_spec
+    from ..core.losses import POLICY_LOSSES, policy_loss_spec
 
     if name in METHOD_PRESETS:
         settings = dict(METHOD_PRESETS[name])
@@ -102,8 +102,8 @@ def train_method(settings, model_path, train_rows, run_dir, args, bar, max_new_t
     from datasets import Dataset
     from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
-    from ..configs import PolicyLossConfig
-    from ..trainer import PolicyLossTrainer
+    from ..training.configs import PolicyLossConfig
+    from ..training.trainer import PolicyLossTrainer
 
     label = settings["label"]
     fields = {k: v for k, v in settings.items() if k != "label"}

@@ -36,8 +36,7 @@ def progress_bar(**kwargs):
     return tqdm(dynamic_ncols=True, file=sys.stderr, **kwargs)
 
 
-#: DeepSpeed's line on a machine without a GPU, logged when accelerate imports it (as in `trl_bandpo.cli.quiet`,
-#: which the demo, a lower layer, does not import).
+#: DeepSpeed's line on a machine without a GPU, logged when accelerate imports it.
 _DEEPSPEED_CPU_LINE = "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
 
 

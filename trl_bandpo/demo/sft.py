@@ -1,6 +1,6 @@
 """The supervised warm start (SFT, plain torch) of the tiny model, before any RL.
 
-A fresh tiny Qwen2 and character tokenizer from `trl_bandpo.tiny_model` are trained on the answer tokens of the
+A fresh tiny Qwen2 and character tokenizer from `trl_bandpo.demo.tiny_model` are trained on the answer tokens of the
 training problems until answers sampled at temperature 1 are right ``--warmup-target`` (default 40%) of the time on
 a probe of training problems: often enough for group-relative rewards to carry signal, rarely enough that there is
 entropy to lose or keep. (The model learns addition abruptly: after a fixed 450 steps, held-out accuracy ranged
@@ -55,7 +55,7 @@ def warm_start(train_rows, path: Path, args) -> tuple[Path, bool, dict]:
     """
     import torch
 
-    from ..tiny_model import build_tiny_model, build_tiny_tokenizer
+    from .tiny_model import build_tiny_model, build_tiny_tokenizer
 
     key = {
         "version": _CACHE_VERSION,

@@ -3,13 +3,13 @@ r"""Answer checkers by name, and the resolution of a ``scorer`` setting to one c
 Three checkers are registered in `SCORERS` (docs/evaluation.md compares them with verl's):
 
 * ``"math_verify"``: the last ``\boxed{}`` answer, compared with `math_verify` after a conservative string check
-  (`trl_bandpo.rewards.score_completions`; the training reward's rule);
+  (`trl_bandpo.scoring.rewards.score_completions`; the training reward's rule);
 * ``"dapo"``: the last ``Answer: ...`` line, compared as a normalised string, the rules of verl's ``math_dapo``
-  reward (`trl_bandpo.dapo_scorer.score_dapo_completions`), which the BandPO authors validated AIME with;
+  reward (`trl_bandpo.scoring.dapo.score_dapo_completions`), which the BandPO authors validated AIME with;
 * ``"strict"``: the last ``\boxed{}`` answer under the conservative rules of verl's ``prime_math`` grader
-  (`trl_bandpo.strict_grader.strict_scores`), which the DGPO paper (arXiv:2603.14389, §5.1) evaluates with;
+  (`trl_bandpo.scoring.strict_grader.strict_scores`), which the DGPO paper (arXiv:2603.14389, §5.1) evaluates with;
 * ``"math_reward"``: the last ``\boxed{}`` answer, Hendrycks MATH string normalisation and exact equality, the rule
-  of verl's ``math_reward`` (`trl_bandpo.math_reward`), which the BandPO authors validated AMC with.
+  of verl's ``math_reward`` (`trl_bandpo.scoring.math_reward`), which the BandPO authors validated AMC with.
 
 A ``scorer`` setting is one name (every benchmark) or a mapping benchmark -> name (e.g. AIME by ``"dapo"`` and AMC
 by ``"math_reward"``, as the BandPO authors' verl validation did); `check_scorer` checks it before anything is
@@ -121,17 +121,17 @@ def score(
     if timeout_s is None:
         timeout_s = DEFAULT_TIMEOUTS[name]
     if name == "math_verify":
-        from ..rewards import score_completions
+        from ..scoring.rewards import score_completions
 
         return score_completions(completions, solutions, timeout_s=timeout_s)
     if name == "dapo":
-        from ..dapo_scorer import score_dapo_completions
+        from ..scoring.dapo import score_dapo_completions
 
         return list(score_dapo_completions(completions, solutions))
     if name == "math_reward":
-        from ..math_reward import score_math_reward_completions
+        from ..scoring.math_reward import score_math_reward_completions
 
         return score_math_reward_completions(completions, solutions)
-    from ..strict_grader import strict_scores
+    from ..scoring.strict_grader import strict_scores
 
     return list(strict_scores(completions, solutions, timeout_s=timeout_s))

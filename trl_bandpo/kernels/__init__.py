@@ -1,7 +1,7 @@
 """Triton kernels for the Band operator. Importing this package never requires Triton: kernels load on first use.
 
 - `band_kl.py`: the KL Band bounds (`band_bounds(..., solver="triton")`), registered here with
-  `trl_bandpo.band.register_kernel_solver`, so `band_bounds(..., solver="auto")` uses it wherever it can run.
+  `trl_bandpo.core.band.register_kernel_solver`, so `band_bounds(..., solver="auto")` uses it wherever it can run.
 - `runtime.py`: where kernels can run (CUDA, or CPU under `TRITON_INTERPRET=1`).
 - `self_check.py`: the KL kernel's one-time check against the torch solver on each device, and the
   `TRL_BANDPO_KL_KERNEL` switch (auto / trust / off): where the kernel disagrees, "auto" uses the torch solver.
@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from ..band import KernelSolver, register_kernel_solver
+from ..core.band import KernelSolver, register_kernel_solver
 from .runtime import interpreter_enabled, triton_unavailable_reason
 from .self_check import kl_kernel_unavailable_reason
 

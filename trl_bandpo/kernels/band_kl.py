@@ -1,7 +1,7 @@
 """Fused Triton kernel for the KL Band bounds (`band_bounds(..., divergence="kl")`).
 
 One program reads a block of `old_logps` once and writes `lower` and `upper`: both roots of the binary-KL equation
-(docs/band-operator.md) by the algorithm of the torch solver in `trl_bandpo.band_solvers` (`kl_bounds`,
+(docs/band-operator.md) by the algorithm of the torch solver in `trl_bandpo.core.band_solvers` (`kl_bounds`,
 `_solve_binary_kl_lower`):
 safeguarded Newton in log space from the chi-square start, `KL_NEWTON_STEPS[dtype]` steps, both roots as
 "lower roots" via the symmetry (p, q) -> (1-p, 1-q), then the `upper_max` cap and the `relax` union.
@@ -16,7 +16,7 @@ mpmath and the torch solver, tests/test_kernels.py); it is due for a run of the 
 
 The launcher is registered as the opaque custom op `torch.ops.trl_bandpo.band_bounds_kl` (with a fake
 implementation), so it can sit inside `torch.compile` graphs and CUDA-graph captures; it never syncs with the host.
-The torch fallback is `trl_bandpo.band.band_bounds(..., solver="torch")`.
+The torch fallback is `trl_bandpo.core.band.band_bounds(..., solver="torch")`.
 
 Under `TRITON_INTERPRET=1` (set before this module is imported) the kernel runs on CPU tensors through Triton's
 interpreter, which has no libdevice: `expm1` / `log1p` are then built from `exp` / `log` (numpy's, exact to an ulp)
@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..band import KL_SATURATION_RADIUS, compute_dtype_for, validate_band_args
-from ..band_solvers import KL_NEWTON_STEPS
+from ..core.band import KL_SATURATION_RADIUS, compute_dtype_for, validate_band_args
+from ..core.band_solvers import KL_NEWTON_STEPS
 from .runtime import interpreter_enabled
 
 __all__ = ["band_bounds_kl_triton"]

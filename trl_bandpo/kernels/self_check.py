@@ -1,8 +1,8 @@
 """The Triton KL kernel's one-time check against the torch solver (docs/band-operator.md, "Solvers and speed").
 
 Before `band_bounds(..., solver="auto" | "triton")` first runs the kernel on a device, in each process, the kernel
-and the torch solver (`trl_bandpo.band_solvers.kl_bounds`) solve a small fixed grid: float32 and float64 log-probs,
-p log-spaced over [1e-6, 0.5] and 1 - p over [1e-6, 0.5], at the float radii `CHECK_RADII` and at the radii
+and the torch solver (`trl_bandpo.core.band_solvers.kl_bounds`) solve a small fixed grid: float32 and float64
+log-probs, p log-spaced over [1e-6, 0.5] and 1 - p over [1e-6, 0.5], at the float radii `CHECK_RADII` and at the radii
 `PER_TOKEN_RADII` given as one per-token radius tensor. They must agree within the accuracy targets of
 docs/band-operator.md: `TOLERANCE[dtype] * max(1, r)`. If they do not, or the kernel fails to run, a
 `KernelCheckWarning` names the worst point (dtype, bound, p, radius, both values) and the kernel is not used on
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..band_solvers import kl_bounds
+from ..core.band_solvers import kl_bounds
 from .runtime import triton_unavailable_reason
 
 __all__ = [

@@ -36,6 +36,8 @@ from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
 from trl.trainer.utils import nanmax, nanmin, pad
 
+from ..core.losses import policy_loss_spec
+from ..core.metrics import clip_counts
 from .configs import (
     BandPOConfig,
     DGPOConfig,
@@ -43,8 +45,6 @@ from .configs import (
     _loss_fields,
     with_policy_loss_fields,
 )
-from .losses import policy_loss_spec
-from .metrics import clip_counts
 from .trainer import BandPOTrainer, DGPOTrainer, PolicyLossTrainer
 
 __all__ = [

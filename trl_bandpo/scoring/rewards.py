@@ -5,15 +5,15 @@ one: ``\boxed{\boxed{2}+1}`` answers ``{2}+1``, i.e. 3), compares it with the da
 ``solution``) using `math_verify`, and returns one score per completion: +1/-1 for DGPO (`boxed_signed_reward`),
 1/0 for accuracy (`boxed_accuracy_reward`), or any pair from the `math_verify_reward` factory.
 
-`score_completions` settles what it can cheaply (`trl_bandpo.answers`) before anything reaches `math_verify`:
+`score_completions` settles what it can cheaply (`trl_bandpo.scoring.answers`) before anything reaches `math_verify`:
 
 * answers longer than `MAX_ANSWER_CHARS` or nested deeper than `MAX_BRACE_DEPTH` braces score wrong at once, and
   so do answers to a ground-truth string longer than `MAX_GOLD_CHARS` (not read; a warning says how many rows),
 * a pure-string check (after a conservative LaTeX normal form, `canonical_text`: ``$``, ``\dfrac``, ``\left``,
   whitespace next to operators, leading zeros of integers) accepts identical answers without any sympy work; it
   never accepts what `math_verify` would reject (a false positive teaches the policy to produce it),
-* the rest goes to `trl_bandpo.verifier`, which runs `math_verify` in worker processes with a wall-clock bound per
-  answer (from any thread, without signals) and caches verdicts per (gold, answer) pair.
+* the rest goes to `trl_bandpo.scoring.verifier`, which runs `math_verify` in worker processes with a wall-clock
+  bound per answer (from any thread, without signals) and caches verdicts per (gold, answer) pair.
 
 Time is bounded per answer (``timeout_s``) and per call (``call_timeout_s``, default `default_call_timeout`,
 counted from the start of the call, reading the answers included): once a call's budget is spent, the answers not
@@ -26,7 +26,7 @@ wrong for the gold ``3`` (`math_verify` alone reads the right-hand side), while 
 Nothing here executes model output: answers are only handed to `math_verify.parse` with the LaTeX extractor.
 
 `dapo_reward` (`DAPOReward`) is the other rule: the ``Answer: ...`` line compared as a normalised string, as verl's
-``math_dapo`` reward that the BandPO authors trained with (`trl_bandpo.dapo_scorer`); pure Python, no boxes.
+``math_dapo`` reward that the BandPO authors trained with (`trl_bandpo.scoring.dapo`); pure Python, no boxes.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from .answers import (
     is_oversized_gold,
     unwrap_boxes,
 )
-from .dapo_scorer import score_dapo_completions
+from .dapo import score_dapo_completions
 from .verifier import DEFAULT_NUM_WORKERS, verify_pairs
 
 __all__ = [
@@ -294,7 +294,7 @@ boxed_signed_reward = math_verify_reward(correct=1.0, wrong=-1.0, name="boxed_si
 
 
 class DAPOReward:
-    """A TRL reward function scoring the ``Answer: ...`` line as verl's ``math_dapo`` does (`trl_bandpo.dapo_scorer`).
+    """A TRL reward function scoring the ``Answer: ...`` line as verl's ``math_dapo`` does (`trl_bandpo.scoring.dapo`).
 
     Call as ``reward(completions, solution, **kwargs) -> list[float]`` (N completions, strings or conversations, and
     N gold answers); extra keyword arguments are ignored. `correct` when the normalised answer equals the normalised

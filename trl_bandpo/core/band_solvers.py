@@ -1,8 +1,9 @@
 """The torch solvers of the Band bounds: safeguarded Newton for KL, closed forms for TV and chi-square, bisection
 for any other generator (docs/band-operator.md, "Solver and error bound").
 
-All are vectorised and take a fixed number of steps: none synchronises with the host. `trl_bandpo.band.band_bounds`
-is the entry point; the Triton kernels (`trl_bandpo.kernels`) implement the KL solver with the same steps.
+All are vectorised and take a fixed number of steps: none synchronises with the host.
+`trl_bandpo.core.band.band_bounds` is the entry point; the Triton kernels (`trl_bandpo.kernels`) implement the KL
+solver with the same steps.
 
 `radius` is a Python float or a tensor of radii (docs/band-operator.md, "Per-token radius"): for `closed_form_bounds`
 and `generic_bounds` any shape that broadcasts with `logp`; for `kl_bounds` 0-d or shaped like `logp`. A tensor

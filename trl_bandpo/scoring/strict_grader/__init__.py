@@ -9,7 +9,7 @@ written anew: `strict_score` grades a completion (its last ``\boxed{}``, or with
 ``answer:``, then after its last ``answer is``, then after its last ``answers are``, then before its last ``is
 answer``, ``is the answer``, ``are answers``, ``are the answers`` (each case-insensitive, each on what the previous
 cut left, stripped). When the rest has a box, the answer is the argument of its last outermost ``\boxed{..}`` /
-``\fbox{..}`` (`trl_bandpo.answers.extract_boxed_answer`), stripped, with the box commands inside it dropped
+``\fbox{..}`` (`trl_bandpo.scoring.answers.extract_boxed_answer`), stripped, with the box commands inside it dropped
 (``\boxed{\boxed{2}+1}`` -> ``{2}+1``, never ``2``); without a box, the answer is the rest itself (``The answer is
 12.`` -> ``12.``). Then the text before its last ``". "`` is kept, and for each marker ``"be "``, ``"is "``,
 ``"are "``, ``"="``, ``": "``, ``"get "`` (and their forms with a newline), in that order, the text after its last
@@ -57,9 +57,9 @@ BandPO authors' environment pins 4.9.3.) A Python list against a ``pmatrix``, wh
 ``eval``, we parse with Python's `ast` and build the value from a whitelist (numbers, ``pi``, ``oo``, ``E``,
 ``I``, ``sqrt``, ``log``/``ln``, ``exp``, ``re``, ``im``, ``sin``, ``cos``, ``tan``, ``Abs``, factorials, symbols,
 arithmetic). The string stages run in the calling process; the rest runs in a worker process
-(`trl_bandpo.worker_pool`, one pair per call) that is killed when the answer takes longer than ``timeout_s`` (wall
-clock, from any thread), and the answer is then wrong. On systems without POSIX pipes it runs in-process without a
-time bound.
+(`trl_bandpo.scoring.worker_pool`, one pair per call) that is killed when the answer takes longer than ``timeout_s``
+(wall clock, from any thread), and the answer is then wrong. On systems without POSIX pipes it runs in-process without
+a time bound.
 
 **Where we may differ from ``prime_math``:**
 
@@ -197,7 +197,7 @@ def strict_score(completion: Any, gold: Any, timeout_s: float = DEFAULT_TIMEOUT_
     r"""Whether a completion's answer (`extract_answer`) is correct under ``prime_math``'s rules.
 
     Args:
-        completion: the model's output, a string or a conversation (see `trl_bandpo.answers.completion_text`).
+        completion: the model's output, a string or a conversation (see `trl_bandpo.scoring.answers.completion_text`).
         gold: the reference answer: a string, a number, or a list of acceptable alternatives.
         timeout_s: wall-clock limit per comparison (see `grade_answer`).
     """

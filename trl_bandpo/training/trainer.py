@@ -20,7 +20,8 @@ from transformers.utils import logging
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
-from .adaptive_radius import OLD_ENTROPIES_KEY, AdaptiveRadius
+from ..core.losses import policy_loss_spec
+from ..core.metrics import CountMetrics, clip_counts
 from .checkpointing import GenerationBufferCheckpointing
 from .configs import (
     TRL_PER_TOKEN_LOSS_TYPES,
@@ -32,8 +33,7 @@ from .configs import (
     with_policy_loss_fields,
 )
 from .dynamic_sampling import DynamicSampling
-from .losses import policy_loss_spec
-from .metrics import CountMetrics, clip_counts
+from .old_policy import OLD_ENTROPIES_KEY, AdaptiveRadius
 
 __all__ = ["BandPOTrainer", "DGPOTrainer", "PolicyLossTrainer"]
 

@@ -6,7 +6,7 @@ within a per-answer time limit, and all of them within a per-call budget.
 Why worker processes: `math_verify`'s own timeouts use ``signal.alarm``; they work only in the main thread, take
 whole seconds, and cannot interrupt long computations done in C (``\boxed{9^{9^{9^{9}}}}`` makes sympy build an
 integer with hundreds of millions of digits inside one call that no signal can break into). So every comparison runs
-in a process of a `trl_bandpo.worker_pool.WorkerPool` (which kills a worker that misses its deadline, caps its
+in a process of a `trl_bandpo.scoring.worker_pool.WorkerPool` (which kills a worker that misses its deadline, caps its
 memory, and ties its life to this process); an answer that times out scores wrong. Each distinct pair is verified once
 per call, and an answer that timed out is not tried again in that call. Once a call's budget (``call_timeout_s``) is
 spent, the pairs not yet verified stay unverified (None, not cached).

@@ -1,10 +1,10 @@
 """The policy-loss registry: how a loss declares its hyper-parameters, and the one-call entry point.
 
 A loss is recorded once as a `PolicyLossSpec` (`register_policy_loss`): its bounds and loss functions, each
-hyper-parameter (`Hyperparameter`) with the config field it is read from and its check, and optional extra metrics
-and checks. `trl_bandpo.losses` registers the built-in losses; `configs.py` and `trainer.py` read only this registry
-(docs/adding-a-policy-loss.md). `policy_loss(name, logps, old_logps, advantages, **hyperparameters)` runs any of
-them on tensors.
+hyper-parameter (`Hyperparameter`) with the config field it is read from and its check, and optional extra metrics and
+checks. `trl_bandpo.core.losses` registers the built-in losses; the configs and trainers read only this registry
+(docs/adding-a-policy-loss.md). `policy_loss(name, logps, old_logps, advantages, **hyperparameters)` runs any of them
+on tensors.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ __all__ = [
 
 # ----------------------------------------------------------------------------------------------------------------
 # Hyper-parameter checks: (value, label) -> normalised value; a ValueError names `label` (a config field or keyword),
-# in the argument order of `trl_bandpo.band`'s checks
+# in the argument order of `trl_bandpo.core.band`'s checks
 # ----------------------------------------------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
 r"""Worker processes with wall-clock deadlines, for computations that may never end: the `math_verify` comparison
-(`trl_bandpo.verifier`) and the strict grader's sympy stages (`trl_bandpo.strict_grader`).
+(`trl_bandpo.scoring.verifier`) and the strict grader's sympy stages (`trl_bandpo.scoring.strict_grader`).
 
 A `WorkerPool` runs tasks (lists of JSON arguments) in worker processes that each serve one entry point: a function,
 named with its file, that is called once to warm up (imports) and returns the task handler. The caller waits with

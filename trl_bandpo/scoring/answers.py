@@ -1,6 +1,6 @@
 r"""Final answers of math completions: extraction of the last ``\boxed{...}`` and cheap normalisation.
 
-Pure Python, linear time, no `math_verify`: what the rewards (`trl_bandpo.rewards`) and the dataset loaders
+Pure Python, linear time, no `math_verify`: what the rewards (`trl_bandpo.scoring.rewards`) and the dataset loaders
 (`trl_bandpo.data`) need before any symbolic comparison.
 
 * `completion_text` and `extract_boxed_answer` read the answer: the argument of the *last* ``\boxed{...}``

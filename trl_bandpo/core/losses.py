@@ -13,11 +13,11 @@ Two families:
 - re-weighted surrogates (`dgpo`, `gppo`, `ce_gppo`, `aspo`): the forward value is chosen per method and the
   gradient weight is set explicitly, `loss = -A * (sg(value) + sg(w) * (log_ratio - sg(log_ratio)))`.
 
-Each loss is registered once at the end of this module (`register_policy_loss`, from `trl_bandpo.loss_registry`) as
-a `PolicyLossSpec`: its bounds and loss functions, the hyper-parameters they take with the config field each is read
+Each loss is registered once at the end of this module (`register_policy_loss`, from `trl_bandpo.core.loss_registry`)
+as a `PolicyLossSpec`: its bounds and loss functions, the hyper-parameters they take with the config field each is read
 from and its check, and any extra metrics. The trainer and the config read only the registry
-(docs/adding-a-policy-loss.md). `policy_loss(name, logps, old_logps, advantages, **hyperparameters)` (re-exported
-here) is the one-call entry point.
+(docs/adding-a-policy-loss.md). `policy_loss(name, logps, old_logps, advantages, **hyperparameters)` (re-exported here)
+is the one-call entry point.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def band_policy_bounds(
     upper_max: float | None = 10.0,
     solver: str = "auto",
 ):
-    """BandPO bounds (see `trl_bandpo.band.band_bounds`); `upper_max=10` as the BandPO authors trained."""
+    """BandPO bounds (see `trl_bandpo.core.band.band_bounds`); `upper_max=10` as the BandPO authors trained."""
     return band_bounds(old_logps, radius, divergence, solver=solver, upper_max=upper_max)
 
 

@@ -4,7 +4,7 @@ r"""The comparison rules of verl's ``prime_math`` grader, and the worker process
 it fails, ToRA's ``math_equal`` (`tora_equal`, tried with pi = 3.14159... and pi = 3.14 when either side has
 ``\pi``). Model output is never handed to ``eval``, ``sympify`` or ``parse_expr``: `read_expression` and
 `python_value` (in `_expressions`) parse it with Python's `ast` and build values from a whitelist. This file
-imports only the standard library at import time (sympy on first use): `trl_bandpo.strict_grader` runs it in
+imports only the standard library at import time (sympy on first use): `trl_bandpo.scoring.strict_grader` runs it in
 worker processes (`worker_handler`), loaded with its two sibling modules as a stand-alone package, and kills a
 worker that exceeds the time limit.
 """
@@ -215,7 +215,7 @@ def tora_equal(prediction: object, reference: object, pi: float = math.pi, toler
             return True
     if r"\begin{pmatrix}" in reference:
         return _matrix_equal(prediction, reference)
-    return False  # ToRA's symbolic step never accepts in verl (see trl_bandpo.strict_grader)
+    return False  # ToRA's symbolic step never accepts in verl (see trl_bandpo.scoring.strict_grader)
 
 
 def _different_intervals(prediction: str, reference: str) -> bool:
@@ -289,6 +289,6 @@ def grade(given: str, gold: str) -> bool:
 
 
 def worker_handler():
-    """A worker's entry point (`trl_bandpo.worker_pool`): import sympy, then grade ``(given, gold)`` pairs."""
+    """A worker's entry point (`trl_bandpo.scoring.worker_pool`): import sympy, then grade ``(given, gold)`` pairs."""
     grade("x", "2x")
     return lambda given, gold: grade(str(given), str(gold))

@@ -1,4 +1,5 @@
-r"""String normalisations of verl's ``prime_math`` grader (pure Python, no sympy): see `trl_bandpo.strict_grader`.
+r"""String normalisations of verl's ``prime_math`` grader (pure Python, no sympy): see
+`trl_bandpo.scoring.strict_grader`.
 
 * `mathd_normalize`: the Hendrycks MATH normalisation (``prime_math.math_normalize``): ``\dfrac`` -> ``\frac``,
   ``\left``/``\right``, degrees, ``\$``, ``\%``, units after ``\text{ ``, leading ``0`` of decimals, a short

@@ -195,8 +195,8 @@ def gold_strings(solution: Any) -> list[str]:
 
 
 def math_reward_correct(completion: Any, solution: Any) -> bool:
-    """Whether a completion (a string or a conversation, `trl_bandpo.answers.completion_text`) answers `solution`
-    under verl's ``math_reward`` rule (module docstring). Never raises on bad input."""
+    """Whether a completion (a string or a conversation, `trl_bandpo.scoring.answers.completion_text`) answers
+    `solution` under verl's ``math_reward`` rule (module docstring). Never raises on bad input."""
     try:
         answer = last_boxed_answer(completion_text(completion))
         if answer is None:

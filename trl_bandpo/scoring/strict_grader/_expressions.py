@@ -1,5 +1,5 @@
 r"""Reading model output as math without executing it: sympy expressions (`read_expression`) and Python numbers
-(`python_value`), for the rules of `trl_bandpo.strict_grader._grade`.
+(`python_value`), for the rules of `trl_bandpo.scoring.strict_grader._grade`.
 
 ``prime_math`` hands answers to sympy's ``parse_expr`` (which runs ``eval`` on them) and, in one place, to Python's
 ``eval``. Here the text is parsed by Python's `ast` module (parsing never executes anything) after sympy's token

@@ -33,10 +33,10 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .evaluation.checks import check_sampling
-from .evaluation.generation import render_prompt
-from .evaluation.scorers import check_scorer, parse_scorer, score, scorers_for
-from .evaluation.summary import _check_count, best_at_k, pass_at_k
+from .checks import check_sampling
+from .generation import render_prompt
+from .scorers import check_scorer, parse_scorer, score, scorers_for
+from .summary import _check_count, best_at_k, pass_at_k
 
 __all__ = ["RECIPE_FIELDS", "ValidationCallback", "validation_callback_from_settings"]
 
@@ -157,8 +157,8 @@ class ValidationCallback(TrainerCallback):
         trainer=None,
         argument_names: Mapping[str, str] | None = None,
     ):
-        from .data.prompts import check_prompt_template
-        from .evaluation import load_benchmarks
+        from ..data.prompts import check_prompt_template
+        from . import load_benchmarks
 
         if argument_names is not None and (
             not isinstance(argument_names, Mapping)

@@ -42,7 +42,7 @@ def library_noise_filtered():
     with warnings.catch_warnings():
         for message in LIBRARY_FUTURE_WARNINGS:
             # By the whole text, not the module: the trainers re-emit the library warnings raised while they are
-            # built at the caller's line (`trl_bandpo.trainer`), so the module they carry is the caller's.
+            # built at the caller's line (`trl_bandpo.training.trainer`), so the module they carry is the caller's.
             warnings.filterwarnings("ignore", message=re.escape(message) + r"\Z", category=FutureWarning)
         deepspeed_logger.addFilter(_not_deepspeed_cpu_line)
         try:

@@ -10,7 +10,7 @@ token with old probability `p` becomes one scalar equation in `r` (docs/band-ope
 `lower(p)` is its root in `[0, 1)`, `upper(p)` its root in `(1, 1/p]`; where `g_f` stays below `delta` up to the
 simplex limit, the bound saturates at `0` or `1/p`.
 
-Solvers (in `trl_bandpo.band_solvers`; all vectorised, none synchronises with the host):
+Solvers (in `trl_bandpo.core.band_solvers`; all vectorised, none synchronises with the host):
 - "kl": safeguarded Newton in log space, exact to float64 precision in `KL_NEWTON_STEPS[dtype]` steps (see
   `_solve_binary_kl_lower`);
 - "tv", "chi2": closed forms;

@@ -1,7 +1,7 @@
 """Configurations of the BandPO and DGPO trainers: `GRPOConfig` plus the fields of our policy losses.
 
 The config holds the fields; what each policy loss reads, and how each field is checked, comes from the loss
-registry (`trl_bandpo.losses`, docs/adding-a-policy-loss.md): this module has no per-loss tables.
+registry (`trl_bandpo.core.losses`, docs/adding-a-policy-loss.md): this module has no per-loss tables.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import transformers
 import trl
 from trl import GRPOConfig
 
-from .band import DIVERGENCES, SOLVERS
-from .losses import POLICY_LOSSES, policy_loss_spec, registered_policy_losses
+from ..core.band import DIVERGENCES, SOLVERS
+from ..core.losses import POLICY_LOSSES, policy_loss_spec, registered_policy_losses
 
 # TRL loss types whose per-token policy term is TRL's own (not a clipped ratio); they only combine with "clip".
 TRL_PER_TOKEN_LOSS_TYPES = ("cispo", "sapo", "vespo", "luspo")
@@ -213,7 +213,7 @@ class PolicyLossConfig(GRPOConfig):
     def _check_selected_loss(self, spec):
         """The fields the selected loss reads, its cross-field checks where training will run (e.g.
         `band_solver="triton"`), and the TRL settings it cannot honour (an error, not a silent no-op). Shared with the
-        async configs (`trl_bandpo.async_trainer`)."""
+        async configs (`trl_bandpo.training.async_trainer`)."""
         bound_kwargs, loss_kwargs = spec.kwargs_from_config(self)
         if spec.check is not None:
             labels = {hp.name: hp.field for hp in spec.hyperparameters if hp.field is not None}
@@ -280,7 +280,8 @@ class PolicyLossConfig(GRPOConfig):
             raise ValueError(
                 f"band_divergence must be a divergence name, got the callable {self.band_divergence!r}: a function "
                 f"cannot be saved with checkpoints or sent to other processes. Register it once with "
-                f"trl_bandpo.band.register_divergence('my_divergence', f) and pass band_divergence='my_divergence'."
+                f"trl_bandpo.core.band.register_divergence('my_divergence', f) and pass "
+                "band_divergence='my_divergence'."
             )
         if self.loss_type not in TRL_LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {list(TRL_LOSS_TYPES)}, got {self.loss_type!r}.")

@@ -45,8 +45,8 @@ always wrong. A gold string longer than `MAX_GOLD_CHARS` (20,000) characters is 
 wrong (`score_dapo_completions` warns), where ``math_dapo`` would normalise it (its ``$``-span rule takes time
 quadratic in the length of a line: 25 s for 60,000 digits; ours is linear). Real gold answers are a few hundred
 characters at most. Gold answers that are not strings (numbers, lists of acceptable alternatives) are accepted too:
-numbers are written out as in `trl_bandpo.answers.gold_alternatives`, and a list is correct when any of its items
-is; ``math_dapo`` receives strings only.
+numbers are written out as in `trl_bandpo.scoring.answers.gold_alternatives`, and a list is correct when any of its
+items is; ``math_dapo`` receives strings only.
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def dapo_correct(completion: Any, solution: Any) -> bool:
     """Whether a completion (string or conversation) answers `solution` correctly under the ``math_dapo`` rule.
 
     Args:
-        completion: the model's output, a string or a conversation (see `trl_bandpo.answers.completion_text`).
+        completion: the model's output, a string or a conversation (see `trl_bandpo.scoring.answers.completion_text`).
         solution: the gold answer: a string, a number, or a list of acceptable alternatives.
 
     Returns:
