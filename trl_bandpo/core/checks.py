@@ -1,0 +1,161 @@
+"""The checks every setting goes through, and the one message they speak.
+
+A check is called as ``check(value, field)``: it returns the value normalised (a `float` for a number, an `int`
+for an integer, `None` for an optional setting given as None or as the word "none"/"null") or raises
+``ValueError("<field> must be <what is allowed>, got <value>.")``. Each setting is checked once, by its owner (the
+config field that declares it, the loss hyper-parameter that reads it, the argument of a public function), with one
+of these:
+
+- `Number`: a finite real number (Python or NumPy, never a bool) within optional bounds;
+- `Integer`: an integral number within optional bounds;
+- `Choice`: one of a fixed set of values;
+- `Flag`: ``True`` or ``False``.
+
+Each takes ``optional=True`` for settings where None is allowed; YAML files and command lines write None as "none"
+or "null" (`none_word`).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["NONE_WORDS", "Choice", "Flag", "Integer", "Number", "is_number", "none_word", "refuse", "shown"]
+
+#: How YAML files and command lines spell None.
+NONE_WORDS = ("none", "null")
+
+
+def none_word(value: Any) -> Any:
+    """None for None and for the words of `NONE_WORDS` (any case, surrounding spaces ignored); else `value`."""
+    if isinstance(value, str) and value.strip().lower() in NONE_WORDS:
+        return None
+    return value
+
+
+def is_number(value: Any) -> bool:
+    """Whether `value` is a real number: an int, a float or a NumPy scalar, but not a bool (nor a tensor)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def shown(value: Any) -> str:
+    """`value` as a message shows it: its repr, but only the type and shape of a tensor (printing a CUDA tensor's
+    values would synchronise with the device)."""
+    if type(value).__module__.startswith("torch") and hasattr(value, "shape"):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return repr(value)
+
+
+def refuse(field: str, allowed: str, value: Any) -> None:
+    """Raise the one message of this package: ``<field> must be <allowed>, got <value>.``"""
+    raise ValueError(f"{field} must be {allowed}, got {shown(value)}.")
+
+
+def _limit(value: float) -> str:
+    return f"{value:g}"
+
+
+class _Check:
+    optional: bool
+
+    def __call__(self, value: Any, field: str) -> Any:
+        if self.optional and none_word(value) is None:
+            return None
+        if not self._accepts(value):
+            refuse(field, self.allowed, value)
+        return self._normalise(value)
+
+    @property
+    def allowed(self) -> str:
+        """What the check accepts, in words (e.g. ``"a finite number > 0"``)."""
+        return ("None or " if self.optional else "") + self._describe()
+
+    def _normalise(self, value: Any) -> Any:
+        return value
+
+
+@dataclass(frozen=True)
+class Number(_Check):
+    """A finite real number in the interval from `low` to `high` (each end optional, closed unless `*_open`)."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    optional: bool = False
+
+    def _accepts(self, value: Any) -> bool:
+        if not is_number(value) or not math.isfinite(value):
+            return False
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def _normalise(self, value: Any) -> float:
+        return float(value)
+
+    def _describe(self) -> str:
+        if self.low is not None and self.high is not None:
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            return f"a number in {left}{_limit(self.low)}, {_limit(self.high)}{right}"
+        if self.low is not None:
+            return f"a finite number {'>' if self.low_open else '>='} {_limit(self.low)}"
+        if self.high is not None:
+            return f"a finite number {'<' if self.high_open else '<='} {_limit(self.high)}"
+        return "a finite number"
+
+
+@dataclass(frozen=True)
+class Integer(_Check):
+    """An integral number (Python or NumPy, not a bool; not a float, even 2.0) from `low` to `high` inclusive."""
+
+    low: int | None = None
+    high: int | None = None
+    optional: bool = False
+
+    def _accepts(self, value: Any) -> bool:
+        return (
+            isinstance(value, numbers.Integral)
+            and not isinstance(value, bool)
+            and (self.low is None or value >= self.low)
+            and (self.high is None or value <= self.high)
+        )
+
+    def _normalise(self, value: Any) -> int:
+        return int(value)
+
+    def _describe(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"an integer in [{self.low}, {self.high}]"
+        if self.low is not None:
+            return f"an integer >= {self.low}"
+        return "an integer"
+
+
+@dataclass(frozen=True)
+class Choice(_Check):
+    """One of `choices` (compared with ``==``; a string is never taken for a bool or a number)."""
+
+    choices: tuple
+    optional: bool = False
+
+    def _accepts(self, value: Any) -> bool:
+        return any(type(value) is type(choice) and value == choice for choice in self.choices)
+
+    def _describe(self) -> str:
+        return f"one of {list(self.choices)}"
+
+
+@dataclass(frozen=True)
+class Flag(_Check):
+    """True or False (a bool; not 0, 1 or a string)."""
+
+    optional: bool = False
+
+    def _accepts(self, value: Any) -> bool:
+        return isinstance(value, bool)
+
+    def _describe(self) -> str:
+        return "true or false"
