@@ -12,12 +12,12 @@ from trl_bandpo.scoring.answers import MAX_GOLD_CHARS, gold_alternatives
 from trl_bandpo.scoring.rewards import (
     MAX_ANSWER_CHARS,
     MAX_BRACE_DEPTH,
+    MathVerifyReward,
     boxed_accuracy_reward,
     boxed_signed_reward,
     completion_text,
     extract_boxed_answer,
     is_equivalent,
-    math_verify_reward,
     score_completions,
 )
 
@@ -124,11 +124,11 @@ def test_reward_scores_and_names():
     assert boxed_signed_reward(completions, solution) == [1.0, -1.0, -1.0, 1.0]
     assert boxed_accuracy_reward.__name__ == "boxed_accuracy_reward"
     assert boxed_signed_reward.__name__ == "boxed_signed_reward"
-    custom = math_verify_reward(correct=2.0, wrong=-0.5, name="my_math")
+    custom = MathVerifyReward(correct=2.0, wrong=-0.5, name="my_math")
     assert custom.__name__ == "my_math"
     trl_kwargs = {"prompts": ["p"] * 4, "trainer_state": None, "log_metric": print}
     assert custom(completions, solution, **trl_kwargs) == [2.0, -0.5, -0.5, 2.0]
-    default = math_verify_reward()
+    default = MathVerifyReward()
     assert default.__name__ == "math_verify_reward"
     assert default([r"\boxed{1}", r"\boxed{2}"], ["1", "1"]) == [1.0, -1.0]
 
@@ -155,7 +155,7 @@ def test_reward_is_picklable_and_matches_trl_naming():
 )
 def test_factory_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        math_verify_reward(**kwargs)
+        MathVerifyReward(**kwargs)
 
 
 def test_reward_rejects_missing_or_mismatched_solutions():
@@ -188,7 +188,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_answer_is_wrong_within_time_bound(name):
-    reward = math_verify_reward(correct=1.0, wrong=-1.0, timeout_s=HOSTILE_TIMEOUT_S)
+    reward = MathVerifyReward(correct=1.0, wrong=-1.0, timeout_s=HOSTILE_TIMEOUT_S)
     started = time.monotonic()
     scores = reward([HOSTILE[name]], ["7"])
     elapsed = time.monotonic() - started
@@ -219,7 +219,7 @@ def test_hostile_answer_does_not_spoil_the_batch():
 
 def test_time_bound_holds_in_worker_threads_and_leaves_signals_alone():
     handler_before = signal.getsignal(signal.SIGALRM)
-    reward = math_verify_reward(timeout_s=2.0, num_workers=1)
+    reward = MathVerifyReward(timeout_s=2.0, num_workers=1)
     batches = [
         ([r"\boxed{7^{7^{7^{7}}}}", r"\boxed{\dfrac{1}{2}}"], ["13", "0.5"]),
         ([r"\boxed{6^{6^{6^{6}}}}", r"\boxed{\sqrt{2}/2}"], ["13", r"\frac{\sqrt2}{2}"]),

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from trl_bandpo.scoring import verifier, worker_pool
-from trl_bandpo.scoring.rewards import math_verify_reward, score_completions
+from trl_bandpo.scoring.rewards import MathVerifyReward, score_completions
 
 REPO = Path(__file__).resolve().parents[1]
 SLACK_S = 4.0  # start-up of fake workers, a loaded machine
@@ -126,7 +126,7 @@ def test_workers_started_from_a_short_lived_thread_outlive_it(fake_workers):
 @pytest.mark.parametrize("value", [0, -1.0, "5", True, float("nan")])
 def test_call_timeout_is_checked(value):
     with pytest.raises(ValueError, match="call_timeout_s"):
-        math_verify_reward(call_timeout_s=value)
+        MathVerifyReward(call_timeout_s=value)
     with pytest.raises(ValueError, match="call_timeout_s"):
         score_completions([r"\boxed{1}"], ["1"], call_timeout_s=value)
 

@@ -68,12 +68,12 @@ def trainer_class_for(policy_loss: str, asynchronous: bool = False):
 
 def build_reward(script_args: ScriptArguments):
     """The reward chosen by `script_args.reward`: math-verify on the last ``\\boxed{}`` answer, or the DAPO scorer."""
-    from ..scoring.rewards import DAPOReward, math_verify_reward
+    from ..scoring.rewards import DAPOReward, MathVerifyReward
 
     correct, wrong, name = REWARDS[script_args.reward]
     if script_args.reward == "dapo":
         return DAPOReward(correct=correct, wrong=wrong, name=name)
-    return math_verify_reward(
+    return MathVerifyReward(
         correct=correct,
         wrong=wrong,
         timeout_s=float(script_args.reward_timeout),
@@ -294,42 +294,21 @@ def describe_run(trainer) -> str:
     )
 
 
-def validation_settings(script_args: ScriptArguments) -> dict | None:
-    """The validation callback's settings: the `val_preset` (`EVAL_PRESETS`) overridden by the `val_*` fields set;
-    None when there are no benchmarks (no validation)."""
-    settings = {}
-    if script_args.val_preset is not None:
-        from ..evaluation import EVAL_PRESETS
-
-        preset = EVAL_PRESETS[script_args.val_preset]
-        keys = ("benchmarks", "num_samples", "scorer", "max_new_tokens", "temperature", "top_p", "top_k")
-        settings = {key: preset[key] for key in keys} | {"prompt_template": preset["prompt_template"]}
-        settings["ks"] = preset.get("ks")
-    overrides = {
-        "benchmarks": script_args.val_benchmarks, "num_samples": script_args.val_num_samples,
-        "scorer": script_args.val_scorer, "max_new_tokens": script_args.val_max_new_tokens,
-        "max_problems": script_args.val_max_problems,
-    }  # fmt: skip
-    settings.update({key: value for key, value in overrides.items() if value is not None})
-    if not settings.get("benchmarks"):
-        return None
-    settings.setdefault("prompt_template", script_args.prompt_template)
-    if settings.get("ks") is not None and "num_samples" in settings:
-        settings["ks"] = [k for k in settings["ks"] if k <= settings["num_samples"]] or None
-    settings["every_steps"] = script_args.val_every_steps
-    return settings
+def validation_settings(script_args: ScriptArguments):
+    """The `ValidationSettings` of the recipe's `val_*` fields (the `val_preset`'s overridden by the fields set,
+    checked when the arguments were built); None when there are no benchmarks (no validation)."""
+    return script_args.validation if script_args.validation.benchmarks else None
 
 
 def build_validation(script_args: ScriptArguments, trainer=None):
-    """The validation callback the `val_*` fields describe (None when there is none), its benchmarks loaded and every
-    setting checked; attached to `trainer` when one is given (else call ``callback.attach(trainer)``)."""
+    """The validation callback the `val_*` fields describe (None when there is none), its benchmarks loaded; attached
+    to `trainer` when one is given (else call ``callback.attach(trainer)``)."""
     settings = validation_settings(script_args)
     if settings is None:
         return None
-    from ..evaluation.validation import validation_callback_from_settings
+    from ..evaluation.validation import ValidationCallback
 
-    benchmarks = settings.pop("benchmarks")
-    return validation_callback_from_settings(benchmarks, trainer=trainer, **settings)
+    return ValidationCallback(settings, trainer=trainer)
 
 
 def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_args: ModelConfig):
@@ -376,7 +355,7 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
     )
     if validation is not None:
         validation.attach(trainer)
-    validating = f" | validation every {script_args.val_every_steps} steps" if validation is not None else ""
+    validating = f" | validation every {validation.settings.every_steps} steps" if validation is not None else ""
     trainer.accelerator.print(describe_run(trainer) + validating)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)

@@ -1,6 +1,6 @@
 r"""Answer checkers by name, and the resolution of a ``scorer`` setting to one checker per benchmark.
 
-Three checkers are registered in `SCORERS` (docs/evaluation.md compares them with verl's):
+Four checkers are registered in `SCORERS` (docs/evaluation.md compares them with verl's):
 
 * ``"math_verify"``: the last ``\boxed{}`` answer, compared with `math_verify` after a conservative string check
   (`trl_bandpo.scoring.rewards.score_completions`; the training reward's rule);
@@ -18,22 +18,39 @@ loaded, and `scorers_for` gives each loaded benchmark its checker.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
-__all__ = ["DEFAULT_TIMEOUTS", "SCORERS", "check_scorer", "parse_scorer", "score", "scorers_for"]
+from ..scoring.dapo import score_dapo_completions
+from ..scoring.math_reward import score_math_reward_completions
+from ..scoring.rewards import score_completions
+from ..scoring.strict_grader import strict_scores
 
-#: Scorer name -> one line on what it accepts.
-SCORERS: dict[str, str] = {
-    "math_verify": "last \\boxed{} answer, math_verify equivalence (the training reward's rule)",
-    "dapo": "last 'Answer: ...' line, normalised string equality (verl math_dapo)",
-    "strict": "last \\boxed{} answer, conservative prime_math rules (verl prime_math)",
-    "math_reward": "last \\boxed{} answer, Hendrycks MATH string normalisation, exact equality (verl math_reward)",
-}
+__all__ = ["DEFAULT_TIMEOUTS", "SCORERS", "Scorer", "check_scorer", "parse_scorer", "score", "scorers_for"]
 
-#: Default wall-clock limit per answer of each scorer (seconds); ``"dapo"`` and ``"math_reward"`` are pure string
-#: work and take none.
-DEFAULT_TIMEOUTS: dict[str, float | None] = {"math_verify": 2.0, "dapo": None, "strict": 10.0, "math_reward": None}
+
+class Scorer(NamedTuple):
+    """A checker: ``function(completions, solutions[, timeout_s=...]) -> list[bool]``, its default wall-clock limit
+    per answer (None: pure string work, it takes none) and one line on what it accepts."""
+
+    function: Callable[..., list[bool]]
+    timeout_s: float | None
+    help: str
+
+
+#: Scorer name -> `Scorer`.
+SCORERS: dict[str, Scorer] = {
+    "math_verify": Scorer(score_completions, 2.0,
+                          "last \\boxed{} answer, math_verify equivalence (the training reward's rule)"),
+    "dapo": Scorer(score_dapo_completions, None,
+                   "last 'Answer: ...' line, normalised string equality (verl math_dapo)"),
+    "strict": Scorer(strict_scores, 10.0, "last \\boxed{} answer, conservative prime_math rules (verl prime_math)"),
+    "math_reward": Scorer(score_math_reward_completions, None,
+                          "last \\boxed{} answer, Hendrycks MATH normal form, exact equality (verl math_reward)"),
+}  # fmt: skip
+
+#: Default wall-clock limit per answer of each scorer (seconds; None for the pure string scorers).
+DEFAULT_TIMEOUTS: dict[str, float | None] = {name: scorer.timeout_s for name, scorer in SCORERS.items()}
 
 
 def _benchmark_key(name: str) -> str:
@@ -117,21 +134,6 @@ def score(
     Returns:
         N booleans.
     """
-    check_scorer(name)
-    if timeout_s is None:
-        timeout_s = DEFAULT_TIMEOUTS[name]
-    if name == "math_verify":
-        from ..scoring.rewards import score_completions
-
-        return score_completions(completions, solutions, timeout_s=timeout_s)
-    if name == "dapo":
-        from ..scoring.dapo import score_dapo_completions
-
-        return list(score_dapo_completions(completions, solutions))
-    if name == "math_reward":
-        from ..scoring.math_reward import score_math_reward_completions
-
-        return score_math_reward_completions(completions, solutions)
-    from ..scoring.strict_grader import strict_scores
-
-    return list(strict_scores(completions, solutions, timeout_s=timeout_s))
+    scorer = SCORERS[check_scorer(name)]
+    limit = {} if scorer.timeout_s is None else {"timeout_s": scorer.timeout_s if timeout_s is None else timeout_s}
+    return list(scorer.function(completions, solutions, **limit))

@@ -11,8 +11,9 @@ Pure Python, linear time, no `math_verify`: what the rewards (`trl_bandpo.scorin
 * `canonical_text` is a conservative LaTeX normal form (``$``, ``\dfrac``, ``\left``/``\right``, whitespace next to
   operators and brackets, leading zeros and sign of integers): answers with equal normal forms are equal for
   `math_verify` too, so they are accepted without any sympy work.
-* `gold_alternatives` turns a ground truth (string, number, list of alternatives, worked solution) into LaTeX
-  strings; a ground-truth string longer than `MAX_GOLD_CHARS` is not read (no answer can match it).
+* `gold_alternatives` turns a ground truth (string, number, list of alternatives, worked solution) into strings
+  for every scorer; a ground-truth string longer than `MAX_GOLD_CHARS` is not read (no answer can match it).
+* `paired` gives the (completion, solution) pairs of a batch, checking that the two have the same length.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import decimal
 import math
 import numbers
 import re
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "gold_alternatives",
     "is_admissible",
     "is_oversized_gold",
+    "paired",
     "unwrap_boxes",
 ]
 
@@ -226,40 +229,47 @@ def _tokens(text: str) -> list[str]:
     return tokens
 
 
-def gold_alternatives(solution: Any) -> list[str]:
-    r"""Ground-truth answer(s) as LaTeX strings: numbers are formatted, lists are alternatives, ``$`` are dropped.
+def gold_alternatives(solution: Any, as_written: bool = False, max_chars: int | None = MAX_GOLD_CHARS) -> list[str]:
+    r"""Ground-truth answer(s) as strings: a list or tuple holds alternatives, numbers are written out.
 
-    A gold answer that contains ``\boxed{..}`` (a full worked solution) is reduced to its last boxed argument (box
-    commands inside it dropped, see `unwrap_boxes`). Integers are written out exactly in decimal, also beyond Python's
-    limit on integer-to-string conversion (4300 digits), up to `MAX_GOLD_DIGITS` digits; a longer integer, a string
-    longer than `MAX_GOLD_CHARS` characters (not read at all: reading it would cost time in proportion to its
-    length, and no admissible answer is that long), a non-finite float or any other type gives no alternative
-    (every answer to it scores wrong).
+    A string longer than `max_chars` is not read (reading it would cost time in proportion to its length, and no
+    admissible answer is that long); a shorter one is kept `as_written`, or else reduced to its last boxed argument
+    when it has a box (a worked solution; box commands inside it dropped, see `unwrap_boxes`), with unescaped ``$``
+    and surrounding whitespace dropped. Integral floats are written as integers, and integers exactly in decimal,
+    also beyond Python's limit on integer-to-string conversion (4300 digits), up to `MAX_GOLD_DIGITS` digits. A
+    longer integer, a non-finite float, None, a bool or any other type gives no alternative (every answer to it
+    scores wrong).
     """
-    if solution is None or isinstance(solution, bool):
-        return []
     if isinstance(solution, (list, tuple)):
-        return [alt for item in solution for alt in gold_alternatives(item)]
-    if isinstance(solution, float):
-        if not math.isfinite(solution):
+        return [alt for item in solution for alt in gold_alternatives(item, as_written, max_chars)]
+    if isinstance(solution, str):
+        if max_chars is not None and len(solution) > max_chars:
             return []
-        text = repr(int(solution)) if solution.is_integer() else repr(solution)
-    elif isinstance(solution, numbers.Integral):  # int, numpy integers
+        if as_written:
+            return [solution]
+        text = unwrap_boxes(extract_boxed_answer(solution) or "") if contains_box(solution) else solution
+        text = re.sub(r"(?<!\\)\$", "", text).strip()
+        return [text] if text else []
+    if isinstance(solution, float):
+        text = (repr(int(solution)) if solution.is_integer() else repr(solution)) if math.isfinite(solution) else None
+    elif isinstance(solution, numbers.Integral) and not isinstance(solution, bool):  # int, numpy integers
         text = _integer_text(int(solution))
-    elif isinstance(solution, str):
-        text = solution if len(solution) <= MAX_GOLD_CHARS else None
     else:
         return []
-    if text is None:
-        return []
-    if _BOX_COMMAND.search(text):
-        text = unwrap_boxes(extract_boxed_answer(text) or "")
-    text = re.sub(r"(?<!\\)\$", "", text).strip()
-    return [text] if text else []
+    return [] if text is None else [text]
+
+
+def paired(completions: Sequence[Any], solutions: Sequence[Any]) -> zip:
+    """The (completion, solution) pairs of a batch; ValueError unless there is one solution per completion."""
+    if len(completions) != len(solutions):
+        raise ValueError(
+            f"completions and solutions must have the same length, got {len(completions)} and {len(solutions)}"
+        )
+    return zip(completions, solutions)
 
 
 def is_oversized_gold(solution: Any) -> bool:
-    """Whether `solution` (or one of its alternatives) is a string that `gold_alternatives` does not read."""
+    """Whether `solution` (or one of its alternatives) is a string longer than `MAX_GOLD_CHARS` (not read)."""
     if isinstance(solution, str):
         return len(solution) > MAX_GOLD_CHARS
     return isinstance(solution, (list, tuple)) and any(is_oversized_gold(item) for item in solution)

@@ -56,7 +56,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .answers import MAX_GOLD_CHARS, completion_text, gold_alternatives, is_oversized_gold
+from .answers import MAX_GOLD_CHARS, completion_text, gold_alternatives, is_oversized_gold, paired
 
 __all__ = [
     "ANSWER_PATTERN",
@@ -199,16 +199,6 @@ def extract_dapo_answer(text: str) -> str | None:
     return matches[-1] if matches else None
 
 
-def _gold_strings(solution: Any) -> list[str]:
-    """Gold answers as strings: a string as it is (normalisation handles ``$`` and boxes), numbers written out; a
-    string longer than `MAX_GOLD_CHARS` is left out (not read: every answer to it is wrong)."""
-    if isinstance(solution, str):
-        return [solution] if len(solution) <= MAX_GOLD_CHARS else []
-    if isinstance(solution, (list, tuple)):
-        return [gold for item in solution for gold in _gold_strings(item)]
-    return gold_alternatives(solution)
-
-
 def dapo_correct(completion: Any, solution: Any) -> bool:
     """Whether a completion (string or conversation) answers `solution` correctly under the ``math_dapo`` rule.
 
@@ -225,7 +215,7 @@ def dapo_correct(completion: Any, solution: Any) -> bool:
         if answer is None:
             return False
         predicted = normalize_final_answer(answer)
-        return any(normalize_final_answer(gold) == predicted for gold in _gold_strings(solution))
+        return any(normalize_final_answer(gold) == predicted for gold in gold_alternatives(solution, as_written=True))
     except Exception:  # noqa: BLE001 - an unreadable completion or gold answer scores wrong
         return False
 
@@ -235,10 +225,7 @@ def score_dapo_completions(completions: Sequence[Any], solutions: Sequence[Any])
 
     A warning says how many rows have a gold string longer than `MAX_GOLD_CHARS` characters (not read).
     """
-    if len(completions) != len(solutions):
-        raise ValueError(
-            f"completions and solutions must have the same length, got {len(completions)} and {len(solutions)}"
-        )
+    pairs = paired(completions, solutions)
     oversized = sum(is_oversized_gold(solution) for solution in solutions)
     if oversized:
         _LOGGER.warning(
@@ -248,4 +235,4 @@ def score_dapo_completions(completions: Sequence[Any], solutions: Sequence[Any])
             len(solutions),
             MAX_GOLD_CHARS,
         )
-    return [dapo_correct(c, s) for c, s in zip(completions, solutions)]
+    return [dapo_correct(c, s) for c, s in pairs]

@@ -14,14 +14,9 @@ symbolic equivalence, only the string rewrites below (``0.5`` equals ``\frac{1}{
    ``\fbox{..}`` (or ``\boxed`` not followed by ``{``) is found but then rejected, and scores wrong, as in verl;
 3. no answer scores wrong.
 
-**The normal form** (`normalize_answer`), applied to the answer and the gold, in this order: drop line breaks and
-``\!``; ``\\`` -> ``\``; ``tfrac``/``dfrac`` -> ``frac``; drop ``\left``, ``\right``, ``^{\circ}``, ``^\circ`` and
-``\$``; units: keep only what precedes a ``\text{ `` (a space after the brace); drop ``\%``; `` .`` -> `` 0.`` and
-``{.`` -> ``{0.``; a leading ``.`` gets a ``0``; ``k = v`` with a left side of at most 2 characters -> ``v``;
-``\sqrtX`` -> ``\sqrt{X}`` (one character); drop spaces; ``\fracXY`` -> ``\frac{X}{Y}`` (one character each;
-``\fracX{Y}`` -> ``\frac{X}{Y}``); ``0.5`` -> ``\frac{1}{2}``; ``a/b`` of two integers written plainly ->
-``\frac{a}{b}``. Some strings cannot be normalised (two ``\text{ ``, a ``\sqrt`` or ``\frac`` with nothing after
-it): then, as in verl, the answer and the gold are compared exactly as written.
+**The normal form** (`normalize_answer`: `trl_bandpo.scoring.strict_grader.hendrycks.normalize`, which lists its
+steps), applied to the answer and the gold. Some strings cannot be normalised (two ``\text{ ``, a ``\sqrt`` or
+``\frac`` with nothing after it): then, as in verl, the answer and the gold are compared exactly as written.
 
 **Equivalence** (`is_equivalent`): the two normal forms are equal strings.
 
@@ -37,12 +32,12 @@ list of alternatives.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from .answers import completion_text
+from .answers import completion_text, gold_alternatives, paired
+from .strict_grader.hendrycks import normalize as normalize_answer
 
 __all__ = [
     "gold_strings",
@@ -55,7 +50,6 @@ __all__ = [
 
 _BOX = "\\boxed"
 _SPACED_BOX = "\\boxed "
-_UNIT = "\\text{ "
 _INTEGRAL_DECIMAL = re.compile(r"(-?\d+)\.0+")
 
 
@@ -87,80 +81,6 @@ def last_boxed_answer(text: str) -> str | None:
     return span[len(_BOX) + 1 : -1]
 
 
-def _wrap_sqrt_arguments(text: str) -> str:
-    head, *pieces = text.split("\\sqrt")
-    out = [head]
-    for piece in pieces:
-        if not piece:
-            raise ValueError("\\sqrt without an argument")
-        out.append("\\sqrt" + (piece if piece[0] == "{" else "{" + piece[0] + "}" + piece[1:]))
-    return "".join(out)
-
-
-def _wrap_frac_arguments(text: str) -> str:
-    head, *pieces = text.split("\\frac")
-    out = [head]
-    for piece in pieces:
-        if not piece:
-            raise ValueError("\\frac without an argument")
-        if piece[0] == "{":
-            out.append("\\frac" + piece)
-        elif len(piece) < 2:
-            return text  # a one-character tail: the whole rewrite is abandoned
-        elif piece[1] == "{":
-            out.append("\\frac{" + piece[0] + "}" + piece[1:])
-        else:
-            out.append("\\frac{" + piece[0] + "}{" + piece[1] + "}" + piece[2:])
-    return "".join(out)
-
-
-def _slash_to_frac(text: str) -> str:
-    parts = text.split("/")
-    if len(parts) != 2:
-        return text
-    try:
-        numerator, denominator = int(parts[0]), int(parts[1])
-    except ValueError:
-        return text
-    if text != f"{numerator}/{denominator}":  # only integers written plainly ("+1/2", "01/2" stay)
-        return text
-    return f"\\frac{{{numerator}}}{{{denominator}}}"
-
-
-def normalize_answer(text: str) -> str:
-    r"""The Hendrycks MATH normal form of `text` (module docstring).
-
-    Raises:
-        ValueError: where verl's normalisation fails (more than one ``\text{ ``, ``\sqrt`` or ``\frac`` with
-            nothing after it); `is_equivalent` then compares the raw strings.
-    """
-    for old, new in (("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac")):
-        text = text.replace(old, new)
-    for dropped in ("\\left", "\\right", "^{\\circ}", "^\\circ", "\\$"):
-        text = text.replace(dropped, "")
-    if _UNIT in text:
-        before, *after = text.split(_UNIT)
-        if len(after) != 1:
-            raise ValueError("more than one \\text{ unit")
-        text = before
-    text = text.replace("\\\\%", "").replace("\\%", "")
-    text = text.replace(" .", " 0.").replace("{.", "{0.")
-    if not text:
-        return text
-    if text[0] == ".":
-        text = "0" + text
-    sides = text.split("=")
-    if len(sides) == 2 and len(sides[0]) <= 2:
-        text = sides[1]
-    if "\\sqrt" in text:
-        text = _wrap_sqrt_arguments(text)
-    text = text.replace(" ", "")
-    text = _wrap_frac_arguments(text)
-    if text == "0.5":
-        text = "\\frac{1}{2}"
-    return _slash_to_frac(text)
-
-
 def is_equivalent(answer: str | None, gold: str | None) -> bool:
     """Whether `answer` and `gold` have the same normal form (`normalize_answer`); when either cannot be normalised,
     whether they are the same string. Two Nones are equivalent, one None is not (as in verl)."""
@@ -174,24 +94,13 @@ def is_equivalent(answer: str | None, gold: str | None) -> bool:
 
 def gold_strings(solution: Any) -> list[str]:
     """The gold strings a solution accepts (module docstring, "Gold answers"): a string as written, plus the integer
-    form of an integer-valued decimal; numbers written out (integral floats as integers); a list or tuple of
-    alternatives; nothing for anything else (None, booleans, non-finite floats, other types)."""
-    if isinstance(solution, (list, tuple)):
-        return [gold for item in solution for gold in gold_strings(item)]
-    if isinstance(solution, bool) or solution is None:
-        return []
-    if isinstance(solution, int):
-        return [str(solution)]
-    if isinstance(solution, float):
-        if not math.isfinite(solution):
-            return []
-        return [str(int(solution)) if solution.is_integer() else repr(solution)]
-    if not isinstance(solution, str):
-        return []
-    integral = _INTEGRAL_DECIMAL.fullmatch(solution.strip())
-    if integral is None:
-        return [solution]
-    return [solution, str(int(integral.group(1)))]
+    form of an integer-valued decimal; numbers written out; a list or tuple of alternatives; nothing for anything else
+    (`trl_bandpo.scoring.answers.gold_alternatives`)."""
+    golds = []
+    for gold in gold_alternatives(solution, as_written=True, max_chars=None):
+        integral = _INTEGRAL_DECIMAL.fullmatch(gold.strip())
+        golds += [gold] if integral is None else [gold, str(int(integral.group(1)))]
+    return golds
 
 
 def math_reward_correct(completion: Any, solution: Any) -> bool:
@@ -208,8 +117,4 @@ def math_reward_correct(completion: Any, solution: Any) -> bool:
 
 def score_math_reward_completions(completions: Sequence[Any], solutions: Sequence[Any]) -> list[bool]:
     """`math_reward_correct` of each (completion, solution) pair; the two sequences must have the same length."""
-    if len(completions) != len(solutions):
-        raise ValueError(
-            f"completions and solutions must have the same length, got {len(completions)} and {len(solutions)}"
-        )
-    return [math_reward_correct(c, s) for c, s in zip(completions, solutions, strict=True)]
+    return [math_reward_correct(c, s) for c, s in paired(completions, solutions)]

@@ -3,7 +3,7 @@ r"""Verifiable math rewards: `math_verify` on the last ``\boxed{...}`` answer of
 The reward reads the *last* ``\boxed{...}`` (or ``\fbox{...}``, or ``\boxed 42``) of a completion (the outermost
 one: ``\boxed{\boxed{2}+1}`` answers ``{2}+1``, i.e. 3), compares it with the dataset's ground-truth answer (column
 ``solution``) using `math_verify`, and returns one score per completion: +1/-1 for DGPO (`boxed_signed_reward`),
-1/0 for accuracy (`boxed_accuracy_reward`), or any pair from the `math_verify_reward` factory.
+1/0 for accuracy (`boxed_accuracy_reward`), or any pair from `MathVerifyReward`.
 
 `score_completions` settles what it can cheaply (`trl_bandpo.scoring.answers`) before anything reaches `math_verify`:
 
@@ -38,6 +38,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..core.checks import Integer, Number, is_number
 from .answers import (
     MAX_ANSWER_CHARS,
     MAX_BRACE_DEPTH,
@@ -48,6 +49,7 @@ from .answers import (
     gold_alternatives,
     is_admissible,
     is_oversized_gold,
+    paired,
     unwrap_boxes,
 )
 from .dapo import score_dapo_completions
@@ -65,7 +67,6 @@ __all__ = [
     "default_call_timeout",
     "extract_boxed_answer",
     "is_equivalent",
-    "math_verify_reward",
     "score_completions",
 ]
 
@@ -73,18 +74,15 @@ __all__ = [
 _LOGGER = logging.getLogger(__name__)
 
 
-def _check_timeout(timeout_s: Any) -> float:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
-        raise ValueError(f"timeout_s must be a positive finite number of seconds, got {timeout_s!r}")
-    return float(timeout_s)
+_TIMEOUT = Number(low=0, low_open=True)
+_NUM_WORKERS = Integer(low=1, optional=True)
 
 
 def _check_call_timeout(call_timeout_s: Any) -> float | None:
-    if call_timeout_s is None:
-        return None
-    if isinstance(call_timeout_s, bool) or not isinstance(call_timeout_s, (int, float)) or not call_timeout_s > 0:
-        raise ValueError(f"call_timeout_s must be None or a positive number of seconds, got {call_timeout_s!r}")
-    return float(call_timeout_s)
+    """None (the default budget), ``math.inf`` (no budget) or a finite number of seconds > 0."""
+    if is_number(call_timeout_s) and call_timeout_s == math.inf:
+        return math.inf
+    return Number(low=0, low_open=True, optional=True)(call_timeout_s, "call_timeout_s")
 
 
 def default_call_timeout(timeout_s: float, num_workers: int, num_pairs: int) -> float:
@@ -98,22 +96,11 @@ def default_call_timeout(timeout_s: float, num_workers: int, num_pairs: int) -> 
     return timeout_s * (4 + num_pairs / (8 * num_workers))
 
 
-def _check_num_workers(num_workers: Any) -> int:
-    if num_workers is None:
-        return DEFAULT_NUM_WORKERS
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise ValueError(f"num_workers must be None or an integer >= 1, got {num_workers!r}")
-    return num_workers
-
-
 def _set_scores(reward: Any, correct: Any, wrong: Any, name: Any) -> None:
     """Check and set a reward function's `correct` / `wrong` scores and its metric name (``__name__``)."""
-    for arg, value in (("correct", correct), ("wrong", wrong)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"{arg} must be a finite number, got {value!r}")
+    reward.correct, reward.wrong = Number()(correct, "correct"), Number()(wrong, "wrong")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"name must be a Python identifier (it names the logged metric), got {name!r}")
-    reward.correct, reward.wrong = float(correct), float(wrong)
     reward.__name__ = reward.__qualname__ = name
 
 
@@ -143,18 +130,15 @@ def score_completions(
         slow answers are False.
     """
     started = time.monotonic()
-    timeout_s = _check_timeout(timeout_s)
-    num_workers = _check_num_workers(num_workers)
+    timeout_s = _TIMEOUT(timeout_s, "timeout_s")
+    num_workers = _NUM_WORKERS(num_workers, "num_workers") or DEFAULT_NUM_WORKERS
     call_timeout_s = _check_call_timeout(call_timeout_s)
-    if len(completions) != len(solutions):
-        raise ValueError(
-            f"completions and solutions must have the same length, got {len(completions)} and {len(solutions)}"
-        )
+    pairs = paired(completions, solutions)
     flags = [False] * len(completions)
     pending: list[tuple[int, list[tuple[str, str]]]] = []  # (row, [(gold, answer) for each gold alternative])
     golds_of: dict[str, list[tuple[str, str]]] = {}  # per string ground truth: [(gold, its canonical_text)]
     oversized = 0
-    for row, (completion, solution) in enumerate(zip(completions, solutions, strict=True)):
+    for row, (completion, solution) in enumerate(pairs):
         try:
             answer = extract_boxed_answer(completion_text(completion))
             if is_oversized_gold(solution):
@@ -221,6 +205,14 @@ class MathVerifyReward:
     the dataset's ``solution`` column and extra keyword arguments, which are ignored. ``__name__`` names the metric.
     Each call is bounded per answer (`timeout_s`) and as a whole (`call_timeout_s`, default `default_call_timeout`):
     see `score_completions`. Instances are picklable (TRL may ship reward functions to other processes).
+
+    Args:
+        correct / wrong: the score of a correct answer, and of a wrong, missing or unverifiable one (-1.0 as in DGPO;
+            0.0 for accuracy).
+        timeout_s: wall-clock limit per answer, enforced by killing the verifier process (works in any thread).
+        name: ``__name__``, which TRL uses for the metric ``rewards/<name>/mean``.
+        num_workers: verifier processes used in parallel (default `DEFAULT_NUM_WORKERS`).
+        call_timeout_s: wall-clock budget of one call (default `default_call_timeout`; ``math.inf`` for none).
     """
 
     def __init__(
@@ -233,8 +225,8 @@ class MathVerifyReward:
         call_timeout_s: float | None = None,
     ) -> None:
         _set_scores(self, correct, wrong, name)
-        self.timeout_s = _check_timeout(timeout_s)
-        self.num_workers = None if num_workers is None else _check_num_workers(num_workers)
+        self.timeout_s = _TIMEOUT(timeout_s, "timeout_s")
+        self.num_workers = _NUM_WORKERS(num_workers, "num_workers")
         self.call_timeout_s = _check_call_timeout(call_timeout_s)
 
     def __call__(
@@ -259,38 +251,8 @@ class MathVerifyReward:
         )
 
 
-def math_verify_reward(
-    correct: float = 1.0,
-    wrong: float = -1.0,
-    timeout_s: float = 2.0,
-    *,
-    name: str = "math_verify_reward",
-    num_workers: int | None = None,
-    call_timeout_s: float | None = None,
-) -> MathVerifyReward:
-    r"""A reward ``fn(completions, solution, **kwargs) -> list[float]`` scoring the last ``\boxed{}`` answer.
-
-    Args:
-        correct: score of a correct answer (1.0).
-        wrong: score of a wrong, missing or unverifiable answer (-1.0 as in DGPO; 0.0 for accuracy).
-        timeout_s: wall-clock limit per answer, enforced by killing the verifier process (works in any thread).
-        name: ``__name__`` of the function, which TRL uses for the metric ``rewards/<name>/mean``.
-        num_workers: verifier processes used in parallel (default ``min(4, cpu_count)``).
-        call_timeout_s: wall-clock budget of one call (default `default_call_timeout`); answers not verified when it
-            runs out score `wrong`, and a warning says how many.
-    """
-    return MathVerifyReward(
-        correct=correct,
-        wrong=wrong,
-        timeout_s=timeout_s,
-        name=name,
-        num_workers=num_workers,
-        call_timeout_s=call_timeout_s,
-    )
-
-
-boxed_accuracy_reward = math_verify_reward(correct=1.0, wrong=0.0, name="boxed_accuracy_reward")
-boxed_signed_reward = math_verify_reward(correct=1.0, wrong=-1.0, name="boxed_signed_reward")
+boxed_accuracy_reward = MathVerifyReward(correct=1.0, wrong=0.0, name="boxed_accuracy_reward")
+boxed_signed_reward = MathVerifyReward(correct=1.0, wrong=-1.0, name="boxed_signed_reward")
 
 
 class DAPOReward:

@@ -13,8 +13,8 @@ spent, the pairs not yet verified stay unverified (None, not cached).
 
 A worker loads this file by path, without `trl_bandpo`: at import time it needs only the standard library and
 `worker_pool` (`math_verify` on first use). No model output is executed: answers go only to `math_verify.parse` with
-the LaTeX extractor (a grammar parser), never to ``eval``/``sympify``. Without selectable pipes (non-POSIX) it runs
-in-process with `math_verify`'s own timeouts.
+the LaTeX extractor (a grammar parser), never to ``eval``/``sympify``. Without POSIX pipes there are no workers, and
+`verify_pairs` raises RuntimeError (`WorkerPool.run`) rather than run `math_verify` without a wall-clock bound.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 from collections import OrderedDict
 
 from .worker_pool import WORKER_MEMORY_BYTES, WORKER_START_TIMEOUT_S, Failure, WorkerPool
@@ -33,7 +32,7 @@ DEFAULT_NUM_WORKERS = max(1, min(4, os.cpu_count() or 1))
 _VERDICT_CACHE_SIZE = 65536
 
 
-# --- The math_verify comparison itself (runs inside a worker process, or in-process on non-POSIX systems) ---
+# --- The math_verify comparison itself (runs inside a worker process) ---
 
 _PARSE_CACHE: OrderedDict[str, list] = OrderedDict()
 
@@ -136,18 +135,8 @@ def verify_pairs(
             if pair in _VERDICTS:
                 verdicts[pair] = _VERDICTS[pair]
     todo = list(dict.fromkeys(pair for pair in pairs if pair not in verdicts))
-    if todo:
-        if os.name == "posix":  # a timed-out answer is wrong with every gold (SKIPPED: not tried, not cached)
-            groups = [answer for _, answer in todo]
-            fresh = _POOL.run(todo, timeout_s, num_workers, call_timeout_s, groups=groups)
-        else:  # no selectable pipes: in-process, with math_verify's own (whole-second) timeouts
-            budget_end = time.monotonic() + call_timeout_s
-            fresh = [
-                _math_verify_equal(g, a, max(1, math.ceil(timeout_s)))
-                if time.monotonic() < budget_end
-                else Failure.OUT_OF_BUDGET
-                for g, a in todo
-            ]
+    if todo:  # a timed-out answer is wrong with every gold (SKIPPED: not tried, not cached)
+        fresh = _POOL.run(todo, timeout_s, num_workers, call_timeout_s, groups=[answer for _, answer in todo])
         with _VERDICTS_LOCK:
             for pair, outcome in zip(todo, fresh, strict=True):
                 verdicts[pair] = None if outcome is Failure.OUT_OF_BUDGET else outcome is True

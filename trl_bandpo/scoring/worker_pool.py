@@ -10,7 +10,8 @@ undone. Workers start lazily and stay idle between calls (a start costs about a 
 (no re-import of the caller's ``__main__``), loads this file and its entry's file by path (sibling modules import
 each other; no ``__init__.py`` runs, so not `trl_bandpo`), caps its address space (`WORKER_MEMORY_BYTES`) and each
 task's CPU time, exits when its input pipe closes, and dies with the process that started it, even when that one is
-SIGKILLed (Linux's ``PR_SET_PDEATHSIG``; elsewhere a watchdog thread and the CPU cap).
+SIGKILLed (Linux's ``PR_SET_PDEATHSIG``; elsewhere a watchdog thread and the CPU cap). The deadlines need POSIX
+pipes (``selectors`` on them): elsewhere `WorkerPool.run` raises RuntimeError rather than run unbounded.
 
 Why no library: ``pebble`` starts its workers through ``multiprocessing`` (``spawn`` and ``forkserver`` re-import the
 caller's ``__main__``; ``fork`` is unsafe in a threaded trainer); ``loky`` does not re-import ``__main__`` but has no
@@ -261,8 +262,14 @@ class WorkerPool:
         crashes its worker), all of them `call_timeout_s` seconds from when the first worker is ready (else
         `Failure.OUT_OF_BUDGET`; worker start-up is bounded by `WORKER_START_TIMEOUT_S`). A task whose group
         (``groups[i]``) had a timed-out task earlier in this call is not tried (`Failure.SKIPPED`). Raises
-        RuntimeError when a worker cannot start at all (a broken environment).
+        RuntimeError when a worker cannot start at all (a broken environment), or without POSIX pipes.
         """
+        if os.name != "posix":
+            raise RuntimeError(
+                f"the {self.name} worker processes need POSIX pipes, which this system ({os.name}) lacks: they bound "
+                "the wall-clock time of math_verify / sympy on each answer. The 'dapo' and 'math_reward' scorers need "
+                "no workers."
+            )
         results: list[Any] = [Failure.OUT_OF_BUDGET] * len(tasks)
         if not tasks:
             return results

@@ -58,8 +58,8 @@ BandPO authors' environment pins 4.9.3.) A Python list against a ``pmatrix``, wh
 ``I``, ``sqrt``, ``log``/``ln``, ``exp``, ``re``, ``im``, ``sin``, ``cos``, ``tan``, ``Abs``, factorials, symbols,
 arithmetic). The string stages run in the calling process; the rest runs in a worker process
 (`trl_bandpo.scoring.worker_pool`, one pair per call) that is killed when the answer takes longer than ``timeout_s``
-(wall clock, from any thread), and the answer is then wrong. On systems without POSIX pipes it runs in-process without
-a time bound.
+(wall clock, from any thread), and the answer is then wrong. Systems without POSIX pipes cannot run these workers:
+there `grade_answer` raises RuntimeError for an answer that the string stages do not settle.
 
 **Where we may differ from ``prime_math``:**
 
@@ -91,15 +91,14 @@ a time bound.
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
-from ..answers import completion_text, contains_box, extract_boxed_answer, gold_alternatives, unwrap_boxes
+from ...core.checks import Number
+from ..answers import completion_text, contains_box, extract_boxed_answer, gold_alternatives, paired, unwrap_boxes
 from ..worker_pool import WORKER_START_TIMEOUT_S, WorkerPool
 from . import _grade
-from ._grade import grade, quick_match
+from ._grade import quick_match
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
@@ -116,14 +115,9 @@ MAX_CHARS = 10_000  # longer answers (or gold answers) are wrong without any wor
 _ANSWER_MARKERS = ("answer:", "answer is", "answers are")  # case-insensitive, as all markers
 _ANSWER_BEFORE_MARKERS = ("is answer", "is the answer", "are answers", "are the answers")
 _MARKERS = ("be ", "is ", "are ", "=", ": ", "get ", "be\n", "is\n", "are\n", ":\n", "get\n")
-# Workers run `_grade.worker_handler` (with `_grade`'s two sibling modules, not trl_bandpo); idle ones stop at exit.
+# Workers run `_grade.worker_handler` (with `_grade`'s sibling modules, not trl_bandpo); idle ones stop at exit.
 _POOL = WorkerPool(_grade.__file__, "worker_handler", name="strict-grader", max_idle=8)
-
-
-def _check_timeout(timeout_s: Any) -> float:
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
-        raise ValueError(f"timeout_s must be a positive finite number of seconds, got {timeout_s!r}")
-    return float(timeout_s)
+_TIMEOUT = Number(low=0, low_open=True)
 
 
 def extract_answer(completion: Any) -> str | None:
@@ -167,9 +161,9 @@ def grade_answer(given: Any, gold: Any, timeout_s: float = DEFAULT_TIMEOUT_S) ->
 
     Returns:
         The verdict. Never raises on bad answers; raises ValueError for a bad `timeout_s`, and RuntimeError if no
-        worker process can start (e.g. sympy is missing).
+        worker process can start (e.g. sympy is missing, or the system has no POSIX pipes).
     """
-    timeout_s = _check_timeout(timeout_s)
+    timeout_s = _TIMEOUT(timeout_s, "timeout_s")
     if given is None or gold is None:
         return False
     given, gold = str(given), str(gold)
@@ -180,17 +174,7 @@ def grade_answer(given: Any, gold: Any, timeout_s: float = DEFAULT_TIMEOUT_S) ->
             return True
     except Exception:  # noqa: BLE001 - a malformed answer is a wrong answer
         return False
-    if os.name != "posix":
-        return grade(given, gold)
     return _POOL.run([(given, gold)], timeout_s)[0] is True  # too slow, or crashed its worker: wrong
-
-
-def _gold_strings(gold: Any) -> list[str]:
-    if isinstance(gold, str):
-        return [gold]
-    if isinstance(gold, (list, tuple)):
-        return [text for item in gold for text in _gold_strings(item)]
-    return gold_alternatives(gold)  # numbers written out; None, booleans and other types give nothing
 
 
 def strict_score(completion: Any, gold: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
@@ -201,17 +185,15 @@ def strict_score(completion: Any, gold: Any, timeout_s: float = DEFAULT_TIMEOUT_
         gold: the reference answer: a string, a number, or a list of acceptable alternatives.
         timeout_s: wall-clock limit per comparison (see `grade_answer`).
     """
-    timeout_s = _check_timeout(timeout_s)
+    timeout_s = _TIMEOUT(timeout_s, "timeout_s")
     answer = extract_answer(completion)
     if answer is None:
         return False
-    return any(grade_answer(answer, text, timeout_s) for text in _gold_strings(gold))
+    return any(grade_answer(answer, text, timeout_s) for text in gold_alternatives(gold, as_written=True))
 
 
 def strict_scores(
     completions: Sequence[Any], golds: Sequence[Any], timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> list[bool]:
     """`strict_score` of each (completion, gold) pair; the two sequences must have the same length."""
-    if len(completions) != len(golds):
-        raise ValueError(f"completions and golds must have the same length, got {len(completions)} and {len(golds)}")
-    return [strict_score(completion, gold, timeout_s) for completion, gold in zip(completions, golds)]
+    return [strict_score(completion, gold, timeout_s) for completion, gold in paired(completions, golds)]

@@ -5,7 +5,7 @@ it fails, ToRA's ``math_equal`` (`tora_equal`, tried with pi = 3.14159... and pi
 ``\pi``). Model output is never handed to ``eval``, ``sympify`` or ``parse_expr``: `read_expression` and
 `python_value` (in `_expressions`) parse it with Python's `ast` and build values from a whitelist. This file
 imports only the standard library at import time (sympy on first use): `trl_bandpo.scoring.strict_grader` runs it in
-worker processes (`worker_handler`), loaded with its two sibling modules as a stand-alone package, and kills a
+worker processes (`worker_handler`), loaded with its sibling modules as a stand-alone package, and kills a
 worker that exceeds the time limit.
 """
 

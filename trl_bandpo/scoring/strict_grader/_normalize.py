@@ -1,9 +1,7 @@
 r"""String normalisations of verl's ``prime_math`` grader (pure Python, no sympy): see
 `trl_bandpo.scoring.strict_grader`.
 
-* `mathd_normalize`: the Hendrycks MATH normalisation (``prime_math.math_normalize``): ``\dfrac`` -> ``\frac``,
-  ``\left``/``\right``, degrees, ``\$``, ``\%``, units after ``\text{ ``, leading ``0`` of decimals, a short
-  ``k =`` prefix, ``\sqrt3`` / ``\frac12`` shorthand, spaces, ``0.5`` -> ``\frac{1}{2}``, ``a/b`` of integers.
+* `mathd_normalize`: the Hendrycks MATH normalisation (``prime_math.math_normalize``, `hendrycks.normalize`).
 * `prm_normalize`: the PRM800K normalisation (``prime_math._normalize``): ``\text{..}``, ``$``, ``%``, ``or``/``and``,
   ``million``..., unit words, degrees, one pair of outer braces, ``,\!``, integer-valued floats (written out
   exactly, `integer_text`), LaTeX to plain text (`latex_to_text`), ``- `` and mixed numbers, lower case, thousands
@@ -22,86 +20,24 @@ import re
 import unicodedata
 from decimal import MAX_EMAX, MIN_EMIN, ROUND_DOWN, ROUND_HALF_EVEN, Context, Decimal, localcontext
 
-# --- Hendrycks MATH normalisation (prime_math.math_normalize) ---
+from . import hendrycks
 
 _TEXT_ONLY = re.compile(r"^\\text\{(?P<text>.+?)\}$")
 
 
 def mathd_normalize(answer: str | None) -> str | None:
-    """``math_normalize.normalize_answer``: on any error inside, the stripped (and ``\\text``-unwrapped) answer."""
+    """``math_normalize.normalize_answer``: `hendrycks.normalize` of the stripped (and ``\\text``-unwrapped) answer,
+    or that answer itself where the normalisation fails."""
     if answer is None:
         return None
     answer = answer.strip()
+    match = _TEXT_ONLY.search(answer)
+    if match is not None:
+        answer = match.group("text").strip()
     try:
-        match = _TEXT_ONLY.search(answer)
-        if match is not None:
-            answer = match.group("text").strip()
-        return _strip_string(answer)
-    except (IndexError, ValueError):
-        return answer
-
-
-_MATHD_REPLACEMENTS = (("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"),
-                       ("\\left", ""), ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", ""))  # fmt: skip
-
-
-def _strip_string(text: str) -> str:
-    for before, after in _MATHD_REPLACEMENTS:
-        text = text.replace(before, after)
-    if "\\text{ " in text:  # units on the right
-        parts = text.split("\\text{ ")
-        if len(parts) != 2:
-            raise ValueError("more than one unit")
-        text = parts[0]
-    text = text.replace("\\\\%", "").replace("\\%", "")
-    text = text.replace(" .", " 0.").replace("{.", "{0.")
-    if not text:
-        return text
-    if text[0] == ".":
-        text = "0" + text
-    sides = text.split("=")
-    if len(sides) == 2 and len(sides[0]) <= 2:  # "k = 5" -> "5"
-        text = sides[1]
-    text = _fix_sqrt(text).replace(" ", "")
-    text = _fix_fracs(text)
-    if text == "0.5":
-        text = "\\frac{1}{2}"
-    return _fix_a_slash_b(text)
-
-
-def _fix_sqrt(text: str) -> str:
-    head, *rest = text.split("\\sqrt")
-    out = head
-    for part in rest:  # an empty part (\sqrt at the end) raises IndexError: the answer stays as it was
-        out += "\\sqrt" + part if part[0] == "{" else "\\sqrt{" + part[0] + "}" + part[1:]
-    return out
-
-
-def _fix_fracs(text: str) -> str:
-    head, *rest = text.split("\\frac")
-    out = head
-    for part in rest:
-        out += "\\frac"
-        if part[0] == "{":  # IndexError on an empty part, as in the source
-            out += part
-        elif len(part) < 2:
-            return text
-        elif part[1] != "{":
-            out += "{" + part[0] + "}{" + part[1] + "}" + part[2:]
-        else:
-            out += "{" + part[0] + "}" + part[1:]
-    return out
-
-
-def _fix_a_slash_b(text: str) -> str:
-    parts = text.split("/")
-    if len(parts) != 2:
-        return text
-    try:
-        a, b = int(parts[0]), int(parts[1])
+        return hendrycks.normalize(answer)
     except ValueError:
-        return text
-    return f"\\frac{{{a}}}{{{b}}}" if text == f"{a}/{b}" else text
+        return answer
 
 
 # --- PRM800K normalisation (prime_math._normalize) ---
@@ -123,13 +59,6 @@ def is_float(text: str) -> bool:
         float(text)
         return True
     except ValueError:
-        return False
-
-
-def is_int(value: float) -> bool:
-    try:
-        return abs(value - int(round(value))) <= 1e-7
-    except (OverflowError, ValueError):
         return False
 
 
