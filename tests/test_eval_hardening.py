@@ -41,25 +41,25 @@ def base_arguments(model, benchmark, out):
 
 
 BAD_ARGUMENTS = [
-    (["--num-samples", "0"], ["argument --num-samples", "'0'", "integer >= 1"]),
+    (["--num-samples", "0"], ["argument --num-samples", "got 0", "integer >= 1"]),
     (["--ks", "1", "8"], ["argument --ks", "8", "[1, --num-samples=4]"]),
-    (["--ks", "0"], ["argument --ks", "'0'", "integer >= 1"]),
-    (["--max-new-tokens", "-3"], ["argument --max-new-tokens", "'-3'", "integer >= 1"]),
-    (["--temperature", "nan"], ["argument --temperature", "'nan'", "finite number in [0, inf)"]),
-    (["--temperature", "-0.5"], ["argument --temperature", "'-0.5'", "finite number in [0, inf)"]),
-    (["--top-p", "0"], ["argument --top-p", "'0'", "(0, 1]"]),
-    (["--top-p", "1.5"], ["argument --top-p", "'1.5'", "(0, 1]"]),
-    (["--timeout-s", "0"], ["argument --timeout-s", "'0'", "(0, inf)"]),
-    (["--timeout-s", "nan"], ["argument --timeout-s", "'nan'", "(0, inf)"]),
-    (["--seed", "-1"], ["argument --seed", "'-1'", "[0, 4294967295]"]),
-    (["--batch-size", "0"], ["argument --batch-size", "'0'", "integer >= 1"]),
-    (["--max-problems", "0"], ["argument --max-problems", "'0'", "integer >= 1"]),
-    (["--tensor-parallel-size", "0"], ["argument --tensor-parallel-size", "'0'"]),
-    (["--gpu-memory-utilization", "2"], ["argument --gpu-memory-utilization", "'2'", "(0, 1]"]),
+    (["--ks", "0"], ["argument --ks", "got [0]", "integers in [1, --num-samples=4]"]),
+    (["--max-new-tokens", "-3"], ["argument --max-new-tokens", "got -3", "integer >= 1"]),
+    (["--temperature", "nan"], ["argument --temperature", "got nan", "finite number >= 0"]),
+    (["--temperature", "-0.5"], ["argument --temperature", "got -0.5", "finite number >= 0"]),
+    (["--top-p", "0"], ["argument --top-p", "got 0.0", "(0, 1]"]),
+    (["--top-p", "1.5"], ["argument --top-p", "got 1.5", "(0, 1]"]),
+    (["--timeout-s", "0"], ["argument --timeout-s", "got 0.0", "finite number > 0"]),
+    (["--timeout-s", "nan"], ["argument --timeout-s", "got nan", "finite number > 0"]),
+    (["--seed", "-1"], ["argument --seed", "got -1", "[0, 4294967295]"]),
+    (["--batch-size", "0"], ["argument --batch-size", "got 0", "integer >= 1"]),
+    (["--max-problems", "0"], ["argument --max-problems", "got 0", "integer >= 1"]),
+    (["--tensor-parallel-size", "0"], ["argument --tensor-parallel-size", "got 0"]),
+    (["--gpu-memory-utilization", "2"], ["argument --gpu-memory-utilization", "got 2.0", "(0, 1]"]),
     (["--dtype", "fp8"], ["argument --dtype", "'fp8'", "bfloat16"]),
     (["--device", "gpu0"], ["argument --device", "'gpu0'", "'cuda:1'"]),
     (["--device", "cuda:99"], ["argument --device", "'cuda:99'"]),
-    (["--top-k", "0"], ["argument --top-k", "'0'", "integer >= 1"]),
+    (["--top-k", "0"], ["argument --top-k", "got 0", "integer >= 1"]),
     (["--scorer", "prime"], ["argument --scorer", "'prime'", "'math_verify', 'dapo', 'strict'"]),
     (["--scorer", "other=dapo"], ["argument --scorer", "'other' is not a benchmark of this run", "tiny_bench"]),
     (["--preset", "verl"], ["argument --preset", "'verl'", "'bandpo', 'dgpo'"]),
@@ -100,7 +100,8 @@ def test_vllm_backend_without_vllm_exits_2(tiny_model_dir, tiny_benchmark, tmp_p
     arguments = base_arguments(tiny_model_dir, tiny_benchmark, tmp_path / "out") + ["--backend", "vllm"]
     with pytest.raises(SystemExit) as info:
         eval_main(arguments)
-    assert info.value.code == 2 and "argument --backend: invalid choice 'vllm'" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert info.value.code == 2 and "argument --backend='vllm' needs vLLM, which is not installed" in error
 
 
 @pytest.mark.parametrize(
@@ -158,3 +159,59 @@ def test_a_late_failure_keeps_the_samples_generated(
     assert not (out / "results.json").exists()
     second = out / "samples_second.jsonl"
     assert not second.exists() or second.read_text() == ""
+
+
+def test_an_earlier_runs_results_are_kept_unless_overwrite(
+    tiny_model_dir, tiny_benchmark, tmp_path, no_model_loading, capsys
+):
+    """`trl-bandpo eval` into a folder holding results.json stops before the model loads, naming --overwrite; with
+    --overwrite it goes on (here to the model loading that the fixture refuses)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    with pytest.raises(SystemExit) as info:
+        eval_main(base_arguments(tiny_model_dir, tiny_benchmark, out))
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert info.value.code == 2 and error.startswith("trl-bandpo eval: error: argument --output-dir: ")
+    assert "results.json" in error and "pass --overwrite" in error
+    assert (out / "results.json").read_text() == "{}"
+    with pytest.raises(AssertionError, match="the model was loaded"):
+        eval_main(base_arguments(tiny_model_dir, tiny_benchmark, out) + ["--overwrite"])
+
+
+def test_the_dapo_scorer_under_the_boxed_prompt_warns(tiny_model_dir, tiny_benchmark, tmp_path, no_model_loading):
+    """As training warns for reward dapo with a non-dapo prompt: the "dapo" scorer reads an "Answer:" line."""
+    arguments = base_arguments(tiny_model_dir, tiny_benchmark, tmp_path / "out") + ["--scorer", "dapo"]
+    with pytest.warns(UserWarning, match=r"^--scorer 'dapo' \(for every benchmark\) with --prompt-template='boxed'"):
+        with pytest.raises(AssertionError, match="the model was loaded"):
+            eval_main(arguments)
+    with pytest.warns(UserWarning, match=r"^scorer 'dapo' \(for tiny_bench\) with prompt_template='boxed'"):
+        with pytest.raises(AssertionError, match="the model was loaded"):
+            evaluation.evaluate("unused", [str(tiny_benchmark)], scorer={"tiny_bench": "dapo"}, backend="transformers")
+
+
+def test_benchmarks_of_the_wrong_type_are_named(tiny_benchmark, no_model_loading):
+    """`evaluate` and `ValidationCallback` with benchmarks=123 say what benchmarks may be, before anything loads."""
+    from trl_bandpo.evaluation.validation import ValidationCallback
+
+    allowed = r"benchmarks must be a registry name, a local file or name=path, a list of them, or a mapping"
+    for bad in (123, [str(tiny_benchmark), 5], {"a": 5}):
+        with pytest.raises(ValueError, match=rf"^{allowed} name -> Dataset or path, got"):
+            evaluation.evaluate("unused", bad, backend="transformers")
+        with pytest.raises(ValueError, match=rf"^{allowed} name -> Dataset or path, got"):
+            ValidationCallback(benchmarks=bad)
+
+
+def test_prompt_lengths_names_a_malformed_prompt(tiny_model_dir):
+    """`trl_bandpo.data.prompt_lengths` on prompts that are neither text nor chat messages: the index, the prompt and
+    the fix, not a tokenizer or template error from inside."""
+    from trl_bandpo.data import prompt_lengths
+
+    chat = [{"role": "user", "content": "1+1=?"}]
+    assert len(prompt_lengths(["1+1=?", chat], tiny_model_dir)) == 2
+    malformed = [None, 5, b"1+1", [], [{"content": "1+1=?"}], [{"role": "user"}], [{"role": "user", "content": 5}]]
+    for prompt in malformed:
+        with pytest.raises(ValueError, match=r"^prompt 1 must be a string or a non-empty list of .*fix the dataset"):
+            prompt_lengths(["1+1=?", prompt], tiny_model_dir)
+    with pytest.raises(ValueError, match="^prompts must be a list of prompts"):
+        prompt_lengths("1+1=?", tiny_model_dir)

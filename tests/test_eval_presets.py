@@ -1,7 +1,6 @@
 """The evaluation presets, the scorers by name, `--preset` and its overrides, and the two pass@k estimators
 (unbiased pass@k and verl's bootstrap best@k). Nothing here loads a model: generation is stubbed."""
 
-import inspect
 import json
 import math
 import random
@@ -16,6 +15,7 @@ from trl_bandpo.evaluation import (
     BEST_LABEL,
     EVAL_PRESETS,
     PASS_LABEL,
+    EvalSettings,
     best_at_k,
     bootstrap_best_at_k,
     check_scorer,
@@ -53,7 +53,7 @@ EXPECTED = {
         "num_samples": 32,
         "max_new_tokens": 8192,
         "scorer": "strict",
-        "ks": list(range(1, 33)),
+        "ks": [1, 2, 4, 8, 16, 32],  # Appendix C.3 lists these six k (its §5.2 announces K = 1..32)
     },
 }
 
@@ -77,6 +77,22 @@ def test_preset_values(name):
     assert all(text.strip() for text in preset["sources"].values())
 
 
+def test_what_is_inferred_says_so():
+    """The BandPO AMC scorer and the BandPO pass@32 estimator are inferred from the authors' pipeline, not read off
+    the paper: the preset's sources, its description, the --preset help and the module docs say so, and name the
+    switch to the "dapo" scorer."""
+    bandpo = EVAL_PRESETS["bandpo"]
+    assert "inferred" in bandpo["sources"]["scorer"] and "amc2023=dapo" in bandpo["sources"]["scorer"]
+    assert "inferred" in bandpo["description"] and "inferred" in bandpo["sources"]["estimator"]
+    help_text = " ".join(eval_cli.build_parser().format_help().split())
+    assert "AMC by math_reward, which is inferred: scorer amc2023=dapo switches it" in help_text
+    from trl_bandpo.evaluation import summary
+
+    for doc in (evaluation.__doc__, summary.__doc__):
+        flat = " ".join(doc.split())
+        assert "both papers' Pass@32" not in flat and "inferred" in flat
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_preset_benchmarks_are_registry_names_and_settings_are_valid(name):
     preset = EVAL_PRESETS[name]
@@ -90,7 +106,7 @@ def test_preset_settings_overrides_win_and_drop_large_ks():
     settings = preset_settings("dgpo", max_new_tokens=1024, temperature=0.6)
     assert settings["max_new_tokens"] == 1024 and settings["temperature"] == 0.6
     assert settings["preset"] == "dgpo" and settings["scorer"] == "strict"
-    assert preset_settings("dgpo", num_samples=4)["ks"] == [1, 2, 3, 4]
+    assert preset_settings("dgpo", num_samples=4)["ks"] == [1, 2, 4]
     assert preset_settings("bandpo", num_samples=8)["ks"] == [1, 2, 4, 8]
     assert preset_settings("bandpo", num_samples=8, ks=[3])["ks"] == [3]
     settings["scorer"] = "changed"
@@ -157,9 +173,9 @@ def bench_files(tmp_path):
     [
         ({"scorer": "prime"}, r"scorer must be one of \['math_verify', 'dapo', 'strict', 'math_reward'\]"),
         ({"scorer": {"a": "dapo"}}, "scorer has no scorer for benchmark 'b'"),
-        ({"top_k": 0}, "top_k must be None .* or an integer >= 1, got 0"),
+        ({"top_k": 0}, "top_k must be None or an integer >= 1, got 0"),
         ({"prompt_template": "chatml"}, r"prompt_template must be one of \['boxed', 'dapo'\]"),
-        ({"preset": "verl"}, r"preset must be one of \['bandpo', 'dgpo'\]"),
+        ({"preset": "verl"}, r"preset must be None or one of \['bandpo', 'dgpo'\]"),
     ],
 )
 def test_evaluate_rejects_bad_scorers_before_the_model_loads(kwargs, match, bench_files, no_model_loading):
@@ -221,21 +237,26 @@ def test_evaluate_scores_each_benchmark_with_its_scorer(monkeypatch, bench_files
 # ------------------------------------------------------------------------------------------------------------------
 
 
+SETTINGS = ("benchmarks", "num_samples", "ks", "max_new_tokens", "temperature", "top_p", "top_k", "prompt_template")
+
+
 def parse(argv):
+    """The preset-able settings `trl-bandpo eval` resolves from `argv`."""
     parser = eval_cli.build_parser()
-    return eval_cli.resolve_settings(parser.parse_args(["--model", "m", *argv]))
+    settings = eval_cli.resolve_settings(parser.parse_args(["--model", "m", *argv]))
+    return {key: getattr(settings, key) for key in (*SETTINGS, "scorer", "preset")}
 
 
 def test_no_preset_samples_as_both_papers():
     """Without --preset the sampling is both papers' (T 1.0, top-p 1.0, no top-k), not 0.6 / 0.95."""
     settings = parse([])
     assert settings == {
-        "benchmarks": ["aime2024", "aime2025", "amc2023"], "num_samples": 32, "ks": None, "max_new_tokens": 4096,
-        "temperature": 1.0, "top_p": 1.0, "top_k": None, "prompt_template": "boxed", "scorer": "math_verify",
-        "preset": None,
+        "benchmarks": ["aime2024", "aime2025", "amc2023"], "num_samples": 32, "ks": [1, 2, 4, 8, 16, 32],
+        "max_new_tokens": 4096, "temperature": 1.0, "top_p": 1.0, "top_k": None, "prompt_template": "boxed",
+        "scorer": "math_verify", "preset": None,
     }  # fmt: skip
-    parameters = inspect.signature(evaluate).parameters  # the Python API samples the same way
-    assert (parameters["temperature"].default, parameters["top_p"].default) == (1.0, 1.0)
+    defaults = EvalSettings()  # what `evaluate` samples with when not told otherwise
+    assert (defaults.temperature, defaults.top_p, defaults.top_k) == (1.0, 1.0, None)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -260,6 +281,7 @@ def test_scorer_flag_replaces_or_updates_the_preset_mapping():
     assert parse(["--preset", "bandpo", "--scorer", "strict"])["scorer"] == "strict"
     updated = parse(["--preset", "bandpo", "--scorer", "amc2023=dapo"])["scorer"]
     assert updated == {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "dapo"}
+    assert preset_settings("bandpo", scorer={"amc2023": "dapo"})["scorer"] == updated  # the same in Python
     assert parse(["--preset", "dgpo", "--scorer", "math500=math_verify"])["scorer"] == {
         "*": "strict", "math500": "math_verify",
     }  # fmt: skip
@@ -271,8 +293,8 @@ def test_scorer_flag_replaces_or_updates_the_preset_mapping():
     [
         (["--preset", "verl"], ["argument --preset", "'verl'", "'bandpo', 'dgpo'"]),
         (["--scorer", "prime"], ["argument --scorer", "'prime'", "'math_verify', 'dapo', 'strict', 'math_reward'"]),
-        (["--scorer", "=dapo"], ["argument --scorer", "'=dapo'", "BENCHMARK=one of them"]),
-        (["--top-k", "0"], ["argument --top-k", "'0'", "integer >= 1"]),
+        (["--scorer", "=dapo"], ["argument --scorer", "every key must be a benchmark name", "got ''"]),
+        (["--top-k", "0"], ["argument --top-k", "got 0", "integer >= 1"]),
         (["--prompt-template", "chatml"], ["argument --prompt-template", "'chatml'", "'boxed', 'dapo'"]),
         (["--preset", "dgpo", "--num-samples", "4", "--ks", "8"], ["argument --ks", "8", "[1, --num-samples=4]"]),
     ],
@@ -391,7 +413,8 @@ def test_no_preset_prints_what_it_uses_and_the_unbiased_estimator_first(monkeypa
 
 
 def test_preset_end_to_end_with_tiny_model(tiny_model_dir, bench_files, tmp_path):
-    """The dgpo preset on the tiny model (transformers backend, top-k, the strict scorer), shrunk by flags."""
+    """The dgpo preset on the tiny model (transformers backend, top-k, the strict scorer), shrunk by flags: its k
+    up to --num-samples 3 are 1 and 2."""
     out = tmp_path / "out"
     code = eval_cli.eval_main([
         "--model", tiny_model_dir, "--preset", "dgpo", "--benchmarks", str(bench_files["a"]), "--num-samples", "3",
@@ -399,10 +422,10 @@ def test_preset_end_to_end_with_tiny_model(tiny_model_dir, bench_files, tmp_path
     ])  # fmt: skip
     assert code == 0
     results = json.loads((out / "results.json").read_text())
-    assert results["settings"]["preset"] == "dgpo" and results["settings"]["ks"] == [1, 2, 3]
+    assert results["settings"]["preset"] == "dgpo" and results["settings"]["ks"] == [1, 2]
     assert results["settings"]["scorer"] == {"a": "strict"} and results["settings"]["top_k"] == 5
     metrics = results["benchmarks"]["a"]
-    assert metrics["problems"] == 2 and all(0.0 <= metrics[f"best@{k}"] <= 1.0 for k in (1, 2, 3))
+    assert metrics["problems"] == 2 and all(0.0 <= metrics[f"best@{k}"] <= 1.0 for k in (1, 2))
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -434,6 +457,16 @@ def test_best_at_k_closed_form_matches_monte_carlo(n, c, k):
     tolerance = 4 * math.sqrt(exact * (1 - exact) / resamples) + 1e-12
     assert bootstrap_best_at_k(n, c, k, resamples=resamples, seed=1) == pytest.approx(exact, abs=tolerance)
     assert verl_style_bootstrap(n, c, k, resamples=resamples) == pytest.approx(exact, abs=tolerance)
+
+
+def test_best_at_k_with_huge_counts():
+    """Any integer sizes: k beyond the float range, and c/n below the float resolution, where 1 - (1 - c/n)^k
+    computed directly overflows or cancels to 0."""
+    assert best_at_k(32, 1, 10**400) == 1.0
+    assert best_at_k(32, 0, 10**400) == 0.0 and best_at_k(32, 32, 10**400) == 1.0
+    assert best_at_k(10**20, 1, 10**20) == pytest.approx(1 - math.exp(-1), rel=1e-12)  # (1 - 1/N)^N -> e^-1
+    assert best_at_k(10**400, 10**399, 2) == pytest.approx(1 - 0.9**2, rel=1e-12)
+    assert best_at_k(10**30, 3, 10**10) == pytest.approx(3e-20, rel=1e-9)  # ~ k c / n when that is tiny
 
 
 def test_best_at_k_properties():

@@ -204,24 +204,25 @@ def test_recipe_parses_and_matches_its_paper(path):
         assert validation is None
     else:
         assert script_args.val_preset == folder
-        assert validation["every_steps"] == 5 * (prompts // mini_batch)
-        assert validation["num_samples"] == 32
-        assert (validation["temperature"], validation["top_p"], validation["top_k"]) == (1.0, 1.0, None)
-        assert validation["max_new_tokens"] == args.max_completion_length
-        assert validation["prompt_template"] == script_args.prompt_template  # validation prompted like training
+        assert validation.every_steps == 5 * (prompts // mini_batch)
+        assert validation.at_start == (folder == "bandpo")  # the BandPO authors validate before training
+        assert validation.num_samples == 32
+        assert (validation.temperature, validation.top_p, validation.top_k) == (1.0, 1.0, None)
+        assert validation.max_new_tokens == args.max_completion_length
+        assert validation.prompt_template == script_args.prompt_template  # validation prompted like training
         if folder == "bandpo":
-            assert validation["benchmarks"] == ["aime2024", "aime2025", "amc2023"]
-            assert validation["scorer"] == {
+            assert validation.benchmarks == ["aime2024", "aime2025", "amc2023"]
+            assert validation.scorer == {
                 "aime2024": "dapo",
                 "aime2025": "dapo",
                 "amc2023": "math_reward",
-            }  # verl's math reward, as the authors
+            }  # verl's math reward, as inferred from the authors' data scripts
         else:
-            assert set(validation["benchmarks"]) == {
+            assert set(validation.benchmarks) == {
                 "aime2024-math-ai", "aime2025-math-ai", "amc2023", "math500", "minerva", "olympiadbench"
             }  # fmt: skip
-            assert validation["scorer"] == "strict"
-            assert validation["ks"] == list(range(1, 33))
+            assert validation.scorer == "strict"
+            assert validation.ks == [1, 2, 4, 8, 16, 32]
     if folder == "bandpo":
         # the authors' data, prompt and reward: DAPO-Math-17k (en) + MATH L3-5, DAPO's "Answer:" prompt, math_dapo
         assert script_args.dataset_name == ["dapo-math-17k", "math-level3to5"]

@@ -176,27 +176,31 @@ def test_accelerate_launch_two_process_zero3_cpu(tmp_path, tiny_model_dir):
 
 def test_validation_settings_take_the_preset_and_the_overrides():
     from trl_bandpo.cli.script_arguments import ScriptArguments
+    from trl_bandpo.evaluation import ValidationSettings
 
     assert train.validation_settings(ScriptArguments(dataset_name=["d"])) is None  # no benchmarks, no validation
-    args = ScriptArguments(dataset_name=["d"], val_preset="bandpo", val_every_steps=20, val_num_samples=8)
-    settings = train.validation_settings(args)
-    assert settings == {
-        "benchmarks": ["aime2024", "aime2025", "amc2023"],
-        "num_samples": 8,  # the override wins
-        "scorer": {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "math_reward"},
-        "max_new_tokens": 4096,
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "top_k": None,
-        "prompt_template": "dapo",
-        "ks": [1, 2, 4, 8],  # the preset's ks up to the samples drawn
-        "every_steps": 20,
-    }
+    args = ScriptArguments(
+        dataset_name=["d"], val_preset="bandpo", val_every_steps=20, val_num_samples=8, val_before_train=True
+    )
+    assert train.validation_settings(args) == ValidationSettings(
+        benchmarks=["aime2024", "aime2025", "amc2023"],
+        preset="bandpo",
+        num_samples=8,  # the override wins
+        scorer={"aime2024": "dapo", "aime2025": "dapo", "amc2023": "math_reward"},
+        max_new_tokens=4096,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
+        prompt_template="dapo",
+        ks=[1, 2, 4, 8],  # the preset's ks up to the samples drawn
+        every_steps=20,
+        at_start=True,
+    )
     args = ScriptArguments(dataset_name=["d"], val_benchmarks=["a.jsonl"], val_scorer="strict")
-    assert train.validation_settings(args) == {
-        "benchmarks": ["a.jsonl"], "scorer": "strict", "prompt_template": "boxed", "every_steps": 5,
-    }  # fmt: skip
-    with pytest.raises(ValueError, match="val_preset must be one of"):
+    assert train.validation_settings(args) == ValidationSettings(
+        benchmarks=["a.jsonl"], scorer="strict", prompt_template="boxed", every_steps=5, ks=[32]
+    )
+    with pytest.raises(ValueError, match="val_preset must be None or one of"):
         ScriptArguments(dataset_name=["d"], val_preset="verl")
     with pytest.raises(ValueError, match="val_every_steps must be an integer >= 1"):
         ScriptArguments(dataset_name=["d"], val_every_steps=0)
@@ -205,17 +209,17 @@ def test_validation_settings_take_the_preset_and_the_overrides():
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("val_benchmarks", 5, r"val_benchmarks must be a string or a list of strings.*got 5"),
-        ("val_benchmarks", [1, 2], r"val_benchmarks must be a string or a list of strings.*got \[1, 2\]"),
+        ("val_benchmarks", 5, r"val_benchmarks must be a registry name, a local file .*got 5"),
+        ("val_benchmarks", [1, 2], r"val_benchmarks must be a registry name, a local file .*got \[1, 2\]"),
         (
             "val_scorer",
             "bogus",
             r"val_scorer must be one of \['math_verify', 'dapo', 'strict', 'math_reward'\].*got 'bogus'",
         ),
         ("val_scorer", "aime2024=nope", r"val_scorer\['aime2024'\] must be one of .*got 'nope'"),
-        ("val_scorer", 3, r"val_scorer must be a string"),
-        ("val_max_problems", 0, r"val_max_problems must be an integer >= 1 or null, got 0"),
-        ("val_num_samples", True, r"val_num_samples must be an integer >= 1 or null, got True"),
+        ("val_scorer", 3, r"val_scorer must be one of .*got 3"),
+        ("val_max_problems", 0, r"val_max_problems must be None or an integer >= 1, got 0"),
+        ("val_num_samples", True, r"val_num_samples must be an integer >= 1, got True"),
     ],
 )
 def test_bad_validation_fields_fail_when_the_arguments_are_built(field, value, message):
@@ -223,6 +227,92 @@ def test_bad_validation_fields_fail_when_the_arguments_are_built(field, value, m
 
     with pytest.raises(ValueError, match=message):
         ScriptArguments(dataset_name=["d"], val_preset="bandpo", **{field: value})
+
+
+# (setting, value, refused): values at and beyond the limits of `EvalSettings`, written by hand from its help.
+EVAL_VALUES = [
+    ("num_samples", 0, True), ("num_samples", 2.5, True), ("num_samples", 1, False),
+    ("ks", [0], True), ("ks", [33], True), ("ks", [], True), ("ks", [1, 32], False),
+    ("max_new_tokens", 0, True), ("max_new_tokens", 1, False),
+    ("temperature", -0.5, True), ("temperature", math.nan, True), ("temperature", math.inf, True),
+    ("temperature", 0.0, False),
+    ("top_p", 0.0, True), ("top_p", 1.5, True), ("top_p", 1.0, False),
+    ("top_k", 0, True), ("top_k", 1, False),
+    ("prompt_template", "chatml", True), ("prompt_template", "dapo", False),
+    ("scorer", "prime", True), ("scorer", "aime2024=nope", True), ("scorer", "strict", False),
+    ("seed", -1, True), ("seed", 2**32, True), ("seed", 2**32 - 1, False),
+    ("batch_size", 0, True), ("batch_size", 1, False),
+    ("max_problems", 0, True), ("max_problems", 1, False),
+    ("timeout_s", 0.0, True), ("timeout_s", math.inf, True), ("timeout_s", 0.5, False),
+    ("backend", "sglang", True), ("backend", "transformers", False),
+    ("preset", "verl", True), ("preset", "dgpo", False),
+    ("benchmarks", 123, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("setting, value, refused", EVAL_VALUES, ids=[f"{s}={v!r}" for s, v, _ in EVAL_VALUES])
+def test_a_recipe_refuses_exactly_what_evaluate_refuses(setting, value, refused, tmp_path, monkeypatch):
+    """The recipe's `val_<setting>` and `evaluate(<setting>=...)` take and refuse the same values, both before any
+    model or benchmark loads, each message naming the setting as its caller spells it."""
+    from trl_bandpo import evaluation
+    from trl_bandpo.cli.recipe import parse_args
+
+    def no_model(*args, **kwargs):
+        raise RuntimeError("past the checks: the model would load now")
+
+    monkeypatch.setattr(evaluation.generation, "load_generator", no_model)
+    monkeypatch.setattr(evaluation, "load_benchmarks", no_model)
+    with pytest.raises(
+        ValueError if refused else RuntimeError, match=rf"^{setting}\b.* must be" if refused else "past"
+    ):
+        evaluation.evaluate("no-such-model", **{"benchmarks": ["aime2024"], setting: value})
+
+    recipe = {"model_name_or_path": "no-such-model", "dataset_name": ["train.jsonl"], "use_cpu": True, "bf16": False}
+    recipe["val_benchmarks"] = ["aime2024"]
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({**recipe, f"val_{setting}": value}))
+    if refused:
+        with pytest.raises(train.ConfigError, match=rf"\bval_{setting}\b[^\n]* must be"):
+            parse_args(["--config", str(path)])
+    else:
+        script_args, _, _ = parse_args(["--config", str(path)])
+        assert getattr(script_args.validation, setting) is not None
+
+
+def test_val_scorer_entries_update_the_presets_scorers():
+    """`val_scorer: amc2023=dapo` with `val_preset: bandpo` switches AMC to the "dapo" rule and keeps AIME's."""
+    from trl_bandpo.cli.script_arguments import ScriptArguments
+
+    args = ScriptArguments(dataset_name=["d"], val_preset="bandpo", val_scorer="amc2023=dapo")
+    assert args.validation.scorer == {"aime2024": "dapo", "aime2025": "dapo", "amc2023": "dapo"}
+    args = ScriptArguments(dataset_name=["d"], val_preset="bandpo", val_scorer="strict")  # a name replaces them
+    assert args.validation.scorer == "strict"
+
+
+def test_val_fields_without_benchmarks_warn_naming_them(recwarn):
+    from trl_bandpo.cli.script_arguments import ScriptArguments
+
+    with pytest.warns(UserWarning, match=r"^val_num_samples, val_before_train set, but no benchmark .*ignored"):
+        args = ScriptArguments(dataset_name=["d"], val_num_samples=8, val_before_train=True)
+    assert train.validation_settings(args) is None
+    recwarn.clear()
+    ScriptArguments(dataset_name=["d"], val_preset="none", val_every_steps=20)  # validation turned off: no warning
+    ScriptArguments(dataset_name=["d"], val_preset="bandpo", val_every_steps=20)
+    assert not [w for w in recwarn if "no benchmark" in str(w.message)]
+
+
+def test_val_scorer_dapo_with_the_boxed_prompt_warns_as_training_does(recwarn):
+    """The "dapo" scorer reads the "Answer:" line: under the boxed prompt every answer scores wrong."""
+    from trl_bandpo.cli.script_arguments import ScriptArguments
+
+    with pytest.warns(UserWarning, match=r"^val_scorer 'dapo' \(for aime2024\) with val_prompt_template='boxed'"):
+        ScriptArguments(dataset_name=["d"], val_benchmarks=["aime2024"], val_scorer="aime2024=dapo,*=strict")
+    recwarn.clear()
+    ScriptArguments(dataset_name=["d"], val_preset="bandpo")  # DAPO's prompt, AIME by "dapo": as it should be
+    ScriptArguments(
+        dataset_name=["d"], val_benchmarks=["aime2024"], val_scorer="dapo", prompt_template="dapo", reward="dapo"
+    )  # the training prompt, DAPO's, is validation's too
+    assert not [w for w in recwarn if "scorer" in str(w.message)]
 
 
 def test_a_missing_validation_benchmark_fails_before_the_model_loads(tmp_path, capsys):

@@ -17,7 +17,8 @@ from datasets import Dataset
 
 import trl_bandpo.evaluation.validation as validation
 from trl_bandpo import BandPOConfig, BandPOTrainer
-from trl_bandpo.evaluation.validation import RECIPE_FIELDS, ValidationCallback, validation_callback_from_settings
+from trl_bandpo.evaluation.settings import recipe_fields
+from trl_bandpo.evaluation.validation import ValidationCallback, ValidationSettings
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -130,43 +131,48 @@ def test_a_callback_without_its_trainer_fails_at_train_begin(tiny_model_dir, ben
     assert trainer.callback_handler.callbacks.count(callback) == 1  # already registered: not added twice
 
 
-def test_factory_returns_none_without_benchmarks_and_names_recipe_fields(bench):
-    for empty in (None, [], "", "  "):
-        assert validation_callback_from_settings(empty) is None
-    callback = validation_callback_from_settings(
-        str(bench), every_steps=3, num_samples=4, scorer="tiny=dapo", max_new_tokens=16, temperature=0.7
-    )
-    assert isinstance(callback, ValidationCallback)
-    assert (callback.every_steps, callback.num_samples, callback.max_new_tokens) == (3, 4, 16)
-    assert callback.scorers == {"tiny": "dapo"} and callback.temperature == 0.7 and callback.ks == (4,)
+def test_recipe_fields_build_the_settings_and_messages_name_the_fields(bench):
+    """The recipe's val_* fields (`recipe_fields`) build the callback's `ValidationSettings`; nothing set, no
+    benchmarks; every refusal names the recipe field, also those found when the benchmarks are loaded."""
+    fields = recipe_fields()
+    assert fields().validation_settings().benchmarks is None
+    settings = fields(
+        val_benchmarks=str(bench), val_every_steps=3, val_num_samples=4, val_scorer="tiny=dapo",
+        val_max_new_tokens=16, val_temperature=0.7, val_before_train=True,
+    ).validation_settings(prompt_template="dapo")  # fmt: skip
+    callback = ValidationCallback(settings)
+    assert callback.settings is settings and isinstance(settings, ValidationSettings)
+    assert (settings.every_steps, settings.num_samples, settings.max_new_tokens, settings.at_start) == (3, 4, 16, True)
+    assert callback.scorers == {"tiny": "dapo"} and settings.temperature == 0.7 and settings.ks == [4]
     assert callback.problems["tiny"][1] == ["2", "4", "6"]
-    assert RECIPE_FIELDS["every_steps"] == "val_every_steps"
     bad = [
-        ({"every_steps": 0}, "val_every_steps must be an integer >= 1, got 0"),
-        ({"num_samples": 0}, "val_num_samples must be an integer >= 1, got 0"),
-        ({"max_new_tokens": -1}, "val_max_new_tokens must be an integer >= 1, got -1"),
-        ({"scorer": "prime"}, r"val_scorer must be one of \['math_verify', 'dapo', 'strict', 'math_reward'\]"),
-        ({"timeout_s": "5"}, "timeout_s must be None or a finite number of seconds > 0, got '5'"),
-        ({"scorer": "other=dapo"}, "val_scorer has no scorer for benchmark 'tiny'"),
-        ({"temperature": -1.0}, "temperature must be a finite number >= 0, got -1.0"),
-        ({"prompt_template": "chatml"}, r"prompt_template must be one of \['boxed', 'dapo'\]"),
-        ({"backend": "sglang"}, r"backend must be one of \['auto', 'vllm', 'transformers'\], got 'sglang'"),
-        ({"ks": [8], "num_samples": 4}, "every k in ks must be <= val_num_samples=4, got k=8"),
+        ({"val_every_steps": 0}, "val_every_steps must be an integer >= 1, got 0"),
+        ({"val_num_samples": 0}, "val_num_samples must be an integer >= 1, got 0"),
+        ({"val_max_new_tokens": -1}, "val_max_new_tokens must be an integer >= 1, got -1"),
+        ({"val_scorer": "prime"}, r"val_scorer must be one of \['math_verify', 'dapo', 'strict', 'math_reward'\]"),
+        ({"val_timeout_s": "5"}, "val_timeout_s must be None or a finite number > 0, got '5'"),
+        ({"val_temperature": -1.0}, "val_temperature must be a finite number >= 0, got -1.0"),
+        ({"val_prompt_template": "chatml"}, r"val_prompt_template must be one of \['boxed', 'dapo'\]"),
+        ({"val_backend": "sglang"}, r"val_backend must be one of \['auto', 'vllm', 'transformers'\], got 'sglang'"),
+        ({"val_ks": [8], "val_num_samples": 4}, r"val_ks must be .* in \[1, val_num_samples=4\], got \[8\]"),
+        ({"val_before_train": "no"}, "val_before_train must be true or false, got 'no'"),
     ]
     for kwargs, match in bad:
         with pytest.raises(ValueError, match=match):
-            validation_callback_from_settings(str(bench), **kwargs)
+            fields(val_benchmarks=str(bench), **kwargs).validation_settings()
+    with pytest.raises(ValueError, match="val_scorer has no scorer for benchmark 'tiny'"):
+        ValidationCallback(fields(val_benchmarks=str(bench), val_scorer="other=dapo").validation_settings())
     with pytest.raises(ValueError, match="val_benchmarks: .*no-such.jsonl"):
-        validation_callback_from_settings(["no-such.jsonl"])
+        ValidationCallback(fields(val_benchmarks=["no-such.jsonl"]).validation_settings())
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"timeout_s": "5"}, "timeout_s must be None or a finite number of seconds > 0, got '5'"),
-        ({"timeout_s": [5]}, r"timeout_s must be None or a finite number of seconds > 0, got \[5\]"),
-        ({"at_start": "no"}, "at_start must be True or False, got 'no'"),
-        ({"at_end": 1}, "at_end must be True or False, got 1"),
+        ({"timeout_s": "5"}, "timeout_s must be None or a finite number > 0, got '5'"),
+        ({"timeout_s": [5]}, r"timeout_s must be None or a finite number > 0, got \[5\]"),
+        ({"at_start": "no"}, "at_start must be true or false, got 'no'"),
+        ({"at_end": 1}, "at_end must be true or false, got 1"),
         (
             {"benchmarks": 5},
             r"benchmarks must be a registry name, a local file or name=path, a list of them, or a "
@@ -174,9 +180,9 @@ def test_factory_returns_none_without_benchmarks_and_names_recipe_fields(bench):
         ),
         ({"benchmarks": [5]}, r"benchmarks must be .*, got \[5\]"),
         ({"benchmarks": {"a": 5}}, r"benchmarks must be .*, got \{'a': 5\}"),
-        ({"argument_names": 5}, r"argument_names must be None or a mapping argument -> name \(strings\), got 5"),
         ({"trainer": 5}, r"trainer must be a transformers Trainer \(such as BandPOTrainer\) to attach to, got 5"),
-        ({"seed": "0"}, "seed must be an integer >= 0, got '0'"),
+        ({"seed": "0"}, r"seed must be an integer in \[0, 4294967295\], got '0'"),
+        ({"benchmarks": []}, r"benchmarks must name at least one benchmark, got \[\]"),
         ({"batch_size": 2.0}, "batch_size must be an integer >= 1, got 2.0"),
     ],
 )
@@ -342,7 +348,7 @@ TWO_PROCESS_SCRIPT = textwrap.dedent(
     )
     reward = lambda completions, answer, **kw: [0.05 * len(c) for c in completions]
     trainer = BandPOTrainer(model=model_dir, reward_funcs=reward, args=args, train_dataset=dataset)
-    validation.validation_callback_from_settings(
+    validation.ValidationCallback(
         [bench], every_steps=1, num_samples=2, max_new_tokens=4, batch_size=2, trainer=trainer
     )
     trainer.train()

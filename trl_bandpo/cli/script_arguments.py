@@ -1,5 +1,6 @@
 """`ScriptArguments`: the data, reward and validation fields of a recipe (next to `PolicyLossConfig` and TRL's
-`ModelConfig`), with the checks argparse does not make on values that come from a YAML file."""
+`ModelConfig`), with the checks argparse does not make on values that come from a YAML file. The validation fields
+(``val_*``) are those of `trl_bandpo.evaluation.ValidationSettings`, which checks them (`recipe_fields`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..data import BOXED_INSTRUCTION, PROMPT_TEMPLATES, TRAINING_MIXES
+from ..evaluation.settings import recipe_fields
 from .recipe_checks import check_prompt_fields
 
 __all__ = ["REWARDS", "ScriptArguments"]
@@ -21,7 +23,7 @@ _NONE_STRINGS = ("none", "null", "")
 
 
 @dataclass
-class ScriptArguments:
+class ScriptArguments(recipe_fields()):
     r"""
     Data and reward of a `trl-bandpo train` run.
 
@@ -67,22 +69,16 @@ class ScriptArguments:
 
         > Validation during training, as both papers ran it (docs/evaluation.md, "Validation during training")
 
-        val_preset (`str`, *optional*):
-            `"bandpo"` or `"dgpo"`: take benchmarks, prompt template, sampling, samples per problem, response length
-            and scorers from `trl_bandpo.evaluation.EVAL_PRESETS`; the `val_*` fields below override it.
-        val_benchmarks (`list[str]`, *optional*):
-            Benchmarks to validate on (registry names, local files or `name=path`); none (the default, unless a
-            preset gives them): no validation.
-        val_every_steps (`int`, defaults to `5`):
-            Validate every this many optimizer steps (and at the end).
-        val_num_samples (`int`, *optional*):
-            Completions per problem (mean@n, pass@k); default the preset's, else 32.
-        val_scorer (`str`, *optional*):
-            `math_verify`, `dapo`, `strict`, or per benchmark `aime2024=dapo,amc2023=math_verify`.
-        val_max_new_tokens (`int`, *optional*):
-            Response length of validation samples; default the preset's, else 4096.
-        val_max_problems (`int`, *optional*):
-            At most this many problems per benchmark (quick checks).
+        val_<setting> (*optional*):
+            One field per `trl_bandpo.evaluation.ValidationSettings` setting, with its help and checks:
+            `val_preset` (`"bandpo"` or `"dgpo"`: the `EVAL_PRESETS` protocol, which the other fields override; a
+            `val_scorer` of `BENCHMARK=NAME` entries updates its scorers), `val_benchmarks` (none, and no preset:
+            no validation), `val_every_steps`, `val_before_train` (verl's name for `at_start`), `val_at_end`,
+            `val_num_samples`, `val_ks`, `val_max_new_tokens`, `val_temperature`, `val_top_p`, `val_top_k`,
+            `val_prompt_template` (default: the preset's, else `prompt_template`), `val_scorer`, `val_seed`,
+            `val_batch_size`, `val_max_problems`, `val_timeout_s`, `val_backend`. Not set (null): the preset's
+            value, else `ValidationSettings`' default. Built and checked into `validation` (a `ValidationSettings`)
+            with the arguments; set without benchmarks they are ignored, with a warning.
 
         > Asynchronous training (docs/off-policy-and-async.md)
 
@@ -131,13 +127,6 @@ class ScriptArguments:
     )
     reward_timeout: float = field(default=5.0, metadata={"help": "Seconds allowed to math_verify per answer."})
     reward_num_workers: int | None = field(default=None, metadata={"help": "Verifier processes per process."})
-    val_preset: str | None = field(default=None, metadata={"help": "Validation protocol: 'bandpo' or 'dgpo'."})
-    val_benchmarks: list[str] | None = field(default=None, metadata={"help": "Benchmarks validated during training."})
-    val_every_steps: int = field(default=5, metadata={"help": "Validate every this many optimizer steps."})
-    val_num_samples: int | None = field(default=None, metadata={"help": "Validation samples per problem."})
-    val_scorer: str | None = field(default=None, metadata={"help": "Validation scorer(s), e.g. 'strict'."})
-    val_max_new_tokens: int | None = field(default=None, metadata={"help": "Response length of validation samples."})
-    val_max_problems: int | None = field(default=None, metadata={"help": "At most this many problems per benchmark."})
     async_rollouts: bool = field(
         default=False,
         metadata={"help": "Train with TRL's asynchronous GRPO trainer and a vLLM server (AsyncBandPOTrainer, ...)."},
@@ -145,7 +134,7 @@ class ScriptArguments:
 
     def __post_init__(self):
         # argparse checks neither the types nor the choices of values that come from the YAML file.
-        for name in ("dataset_name", "eval_dataset_name", "val_benchmarks"):
+        for name in ("dataset_name", "eval_dataset_name"):
             value = getattr(self, name)
             if value is not None and not (
                 isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
@@ -170,27 +159,9 @@ class ScriptArguments:
             raise ValueError(
                 f"reward_timeout must be a positive finite number of seconds, got {self.reward_timeout!r}"
             )
-        self.val_benchmarks = _split_names(self.val_benchmarks) if self.val_benchmarks is not None else None
-        if isinstance(self.val_preset, str) and self.val_preset.strip().lower() in _NONE_STRINGS:
-            self.val_preset = None
-        if self.val_preset is not None:
-            from ..evaluation import EVAL_PRESETS
-
-            if not isinstance(self.val_preset, str) or self.val_preset not in EVAL_PRESETS:
-                raise ValueError(f"val_preset must be one of {list(EVAL_PRESETS)} or null, got {self.val_preset!r}.")
-        if self.val_scorer is not None:
-            if not isinstance(self.val_scorer, str):
-                raise ValueError(
-                    f"val_scorer must be a string ('strict', 'aime2024=dapo', ...), got {self.val_scorer!r}."
-                )
-            from ..evaluation.scorers import check_scorer, parse_scorer
-
-            check_scorer(parse_scorer(self.val_scorer), "val_scorer")
-        every = self.val_every_steps
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"val_every_steps must be an integer >= 1, got {every!r}.")
-        for name in ("max_train_samples", "max_eval_samples", "max_prompt_tokens", "reward_num_workers",
-                     "val_num_samples", "val_max_new_tokens", "val_max_problems"):  # fmt: skip
+        self.validation = self.validation_settings(self.prompt_template)  # the val_* fields, checked
+        self.val_preset = self.validation.preset  # "none" read as None
+        for name in ("max_train_samples", "max_eval_samples", "max_prompt_tokens", "reward_num_workers"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1 or null, got {value!r}.")

@@ -31,6 +31,23 @@ def _is_conversation(prompt: Any) -> bool:
     )
 
 
+def _check_prompts(prompts: Any) -> list[Any]:
+    """`prompts` as a list, each a string or a non-empty list of ``{"role", "content"}`` messages; ValueError naming
+    the first malformed one and the fix otherwise."""
+    if isinstance(prompts, (str, bytes, Mapping)) or not isinstance(prompts, Sequence):
+        raise ValueError(f"prompts must be a list of prompts (strings or chat conversations), got {prompts!r:.200}.")
+    for index, prompt in enumerate(prompts):
+        if isinstance(prompt, str) or (
+            _is_conversation(prompt) and prompt and all(isinstance(m.get("content"), (str, list)) for m in prompt)
+        ):
+            continue
+        raise ValueError(
+            f"prompt {index} must be a string or a non-empty list of {{'role': ..., 'content': ...}} messages with "
+            f"text content, got {prompt!r:.200}: fix the dataset's prompt column (TRL takes prompts in these forms)."
+        )
+    return list(prompts)
+
+
 def _tokenizer(tokenizer: Any):
     """`tokenizer`, or the tokenizer of the model folder / Hub id it names (loaded with `AutoTokenizer`)."""
     if isinstance(tokenizer, (str, os.PathLike)):
@@ -55,9 +72,12 @@ def prompt_lengths(
 
     Returns:
         `list[int]`: one length per prompt.
+
+    Raises:
+        ValueError: a malformed prompt (neither a string nor a list of messages), named by its index.
     """
+    prompts = _check_prompts(prompts)
     tokenizer = _tokenizer(tokenizer)
-    prompts = list(prompts)
     kwargs = dict(chat_template_kwargs or {})
     lengths: list[int] = []
     for start in range(0, len(prompts), _BATCH):

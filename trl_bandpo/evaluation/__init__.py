@@ -10,11 +10,14 @@ benchmark if need be), and reports per benchmark (`trl_bandpo.evaluation.summary
 * ``pass@k`` (unbiased): ``1 - C(n-c, k) / C(n, k)`` averaged over problems, for each k in `ks` (c = correct
   samples of the problem). pass@1 equals mean@n.
 * ``best@k`` (bootstrap, as verl logs): ``1 - (1 - c/n)^k`` averaged over problems, the closed form of verl's
-  ``best@k/mean`` (k samples drawn with replacement). docs/evaluation.md compares the two estimators. Both papers'
-  Pass@32 is this one: with a preset, results show it first, labelled as the paper's metric (`estimator_labels`).
+  ``best@k/mean`` (k samples drawn with replacement). docs/evaluation.md compares the two estimators. The DGPO
+  paper's Pass@32 is this one (checked against its values), and the BandPO paper's pass@32 is inferred to be (the
+  authors' verl logs no other): with a preset, results show it first, labelled as the paper's metric
+  (`estimator_labels`).
 
 `EVAL_PRESETS` holds the two papers' protocols (``"bandpo"``, ``"dgpo"``); `preset_settings` turns one into
-`evaluate` arguments. Every setting, and the output folder, is checked before the model is loaded. Results go to
+`evaluate` arguments. The settings are an `EvalSettings` (`trl_bandpo.evaluation.settings`), each checked, like the
+output folder, before the model is loaded. Results go to
 ``results.json`` (settings, metrics, per-problem correct counts), ``results.md`` (Markdown tables, each estimator
 labelled) and, optionally, ``samples_<benchmark>.jsonl`` (every completion with its score), written batch by batch
 as the samples are scored, so that a failure late in a run keeps what was generated. The command line is
@@ -24,21 +27,22 @@ as the samples are scored, so that a failure late in a run keeps what was genera
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..core.checks import Integer
 from . import generation
-from .checks import DTYPES, check_device, check_output_dir, check_settings
 from .generation import resolve_backend
-from .presets import EVAL_PRESETS, estimator_labels, get_preset, preset_settings
+from .presets import EVAL_PRESETS, estimator_labels, get_preset, merge_scorer, preset_settings
 from .scorers import DEFAULT_TIMEOUTS, SCORERS, check_scorer, score, scorers_for
+from .settings import DTYPES, EvalSettings, ValidationSettings, check_device, check_output_dir
 from .summary import (
     BEST_LABEL,
     PASS_LABEL,
-    _check_count,
     best_at_k,
     bootstrap_best_at_k,
     default_ks,
@@ -53,6 +57,8 @@ __all__ = [
     "DTYPES",
     "EVAL_PRESETS",
     "PASS_LABEL",
+    "EvalSettings",
+    "ValidationSettings",
     "SCORERS",
     "best_at_k",
     "bootstrap_best_at_k",
@@ -65,6 +71,7 @@ __all__ = [
     "get_preset",
     "load_benchmarks",
     "mean_accuracy",
+    "merge_scorer",
     "pass_at_k",
     "preset_settings",
     "scorers_for",
@@ -94,8 +101,7 @@ def load_benchmarks(
     """
     from ..data import load_eval_benchmarks
 
-    if max_problems is not None:
-        _check_count("max_problems", max_problems, 1)
+    Integer(low=1, optional=True)(max_problems, "max_problems")
     datasets_by_name = load_eval_benchmarks(benchmarks, max_problems=max_problems, prompt_template=prompt_template)
     if not datasets_by_name:
         raise ValueError("benchmarks must name at least one benchmark")
@@ -169,56 +175,30 @@ def write_results_markdown(results: Mapping[str, Any]) -> str:
 
 def evaluate(
     model_name_or_path: str | os.PathLike,
-    benchmarks: Mapping[str, Any] | Sequence[str],
-    num_samples: int = 32,
-    ks: Sequence[int] | None = None,
-    max_new_tokens: int = 4096,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    backend: str = "auto",
-    output_dir: str | os.PathLike | None = None,
+    benchmarks: Mapping[str, Any] | Sequence[str] | None = None,
     *,
-    top_k: int | None = None,
-    prompt_template: str = "boxed",
-    scorer: str | Mapping[str, str] = "math_verify",
-    preset: str | None = None,
-    seed: int = 0,
-    dtype: str = "auto",
-    batch_size: int = 64,
-    device: str | None = None,
-    max_problems: int | None = None,
-    timeout_s: float | None = None,
+    settings: EvalSettings | None = None,
+    output_dir: str | os.PathLike | None = None,
     save_samples: bool = True,
     vllm_kwargs: Mapping[str, Any] | None = None,
+    **kwargs: Any,
 ) -> dict[str, Any]:
     """Sample `num_samples` completions per problem, score them with `scorer`, report mean@n, pass@k and best@k.
 
     Args:
         model_name_or_path: a local model folder or hub id.
         benchmarks: mapping name -> `datasets.Dataset` (with ``prompt`` and ``solution``) or path/registry name,
-            or a list of registry names / local files (see `trl_bandpo.data.load_eval_benchmarks`).
-        num_samples: completions per problem (n). The papers use 32.
-        ks: pass@k / best@k values to report (default `default_ks(num_samples)`); each must be <= num_samples.
-        max_new_tokens: generation budget per completion.
-        temperature / top_p: sampling settings (defaults 1.0 / 1.0, both papers' values: the training sampler).
-            temperature 0 decodes greedily once and repeats the completion.
-        backend: "vllm", "transformers", or "auto" (vLLM when importable).
+            or a list of registry names / local files (see `trl_bandpo.data.load_eval_benchmarks`); default
+            `EvalSettings`'s (AIME 2024, AIME 2025, AMC 2023).
+        settings: every setting as an `EvalSettings`, or
+        **kwargs: its fields as keywords (``num_samples=32``, ``ks``, ``max_new_tokens=4096``, ``temperature=1.0``,
+            ``top_p=1.0``, ``top_k``, ``prompt_template="boxed"``, ``scorer="math_verify"``, ``preset``, ``seed=0``,
+            ``dtype="auto"``, ``batch_size=64``, ``device``, ``max_problems``, ``timeout_s``, ``backend="auto"``;
+            `EvalSettings` describes each), overriding `settings` when both are given. `preset` sets no setting
+            itself (`preset_settings` gives a preset's arguments, ``EvalSettings.from_preset`` its settings), but
+            is recorded and orders the estimators (`estimator_labels`: the one its paper reports first).
         output_dir: where ``results.json``, ``results.md`` and samples go (None: nothing is written). Created, and
             checked to be writable, before the model is loaded.
-        top_k: sample among the k most likely tokens only (None: no top-k).
-        prompt_template: "boxed" (problem + boxed instruction) or "dapo" (DAPO's "Answer:" template) for benchmarks
-            given by name or path (`trl_bandpo.data.PROMPT_TEMPLATES`).
-        scorer: a name of `SCORERS` (``"math_verify"``, ``"dapo"``, ``"strict"``, ``"math_reward"``) for every
-            benchmark, or a mapping benchmark -> name (key ``"*"``: the others). Checked before the model is loaded.
-        preset: the `EVAL_PRESETS` name these settings come from, recorded in results.json; it sets no setting
-            itself (`preset_settings` gives a preset's arguments), but orders and labels the estimators
-            (`estimator_labels`: the one its paper reports first).
-        seed: sampling seed, in [0, 2**32). dtype: model dtype, one of `DTYPES`.
-        batch_size: sequences per ``generate`` call (transformers backend).
-        device: torch device for the transformers backend (default: cuda if available, else cpu).
-        max_problems: evaluate only the first problems of each benchmark (quick checks).
-        timeout_s: wall-clock limit per answer of the ``"math_verify"`` and ``"strict"`` scorers (> 0; None: 2 s
-            and 10 s, `DEFAULT_TIMEOUTS`).
         save_samples: also write ``samples_<benchmark>.jsonl`` with every completion and its score, one line per
             problem, appended and flushed as each batch is scored (what was generated survives a later failure).
         vllm_kwargs: extra ``vllm.LLM`` arguments (``tensor_parallel_size``, ``gpu_memory_utilization``, ...).
@@ -232,64 +212,48 @@ def evaluate(
         ValueError: a bad setting, output folder or benchmark, found before the model is loaded.
         ConnectionError: a registry benchmark that cannot be loaded from the Hub (before the model is loaded).
     """
-    from ..data.prompts import check_prompt_template
-
-    ks = check_settings(
-        num_samples, ks, max_new_tokens, temperature, top_p, top_k, seed, dtype, batch_size, timeout_s, device,
-        max_problems,
-    )  # fmt: skip
-    check_prompt_template(prompt_template)
-    scorer = check_scorer(scorer)
-    if preset is not None:
-        get_preset(preset)
-    backend = resolve_backend(backend)
+    if benchmarks is not None:
+        kwargs["benchmarks"] = benchmarks
+    if settings is None:
+        settings = EvalSettings(**kwargs)
+    elif kwargs:
+        settings = dataclasses.replace(settings, **kwargs)
+    backend = resolve_backend(settings.backend)
     model = os.fspath(model_name_or_path)
-    out = None
-    if output_dir is not None:
-        try:
-            out = check_output_dir(output_dir)
-        except ValueError as err:
-            raise ValueError(f"output_dir: {err}") from None
+    out = None if output_dir is None else check_output_dir(output_dir)
+    datasets_by_name = load_benchmarks(
+        settings.benchmarks, max_problems=settings.max_problems, prompt_template=settings.prompt_template
+    )
+    chosen = scorers_for(settings.scorer, list(datasets_by_name))
 
-    datasets_by_name = load_benchmarks(benchmarks, max_problems=max_problems, prompt_template=prompt_template)
-    chosen = scorers_for(scorer, list(datasets_by_name))
-
-    settings = dict(
-        num_samples=num_samples, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-        seed=seed, dtype=dtype, batch_size=batch_size, device=device, vllm_kwargs=vllm_kwargs or {},
-    )  # fmt: skip
     started = time.time()
-    generate, prompts_per_call = generation.load_generator(backend, model, settings)
+    generate, prompts_per_call = generation.load_generator(
+        backend, model, dict(vars(settings), vllm_kwargs=dict(vllm_kwargs or {}))
+    )
     generation_s = time.time() - started  # model loading and generation, without scoring
     metrics: dict[str, Any] = {}
     for name, dataset in datasets_by_name.items():  # one model load; each benchmark's samples saved as they come
         path = out / f"samples_{name}.jsonl" if out is not None and save_samples else None
         with open(path, "w", encoding="utf-8") if path else contextlib.nullcontext() as samples:
             correct, seconds = _sample_and_score(
-                dataset, generate, prompts_per_call, num_samples, chosen[name], timeout_s, samples
+                dataset, generate, prompts_per_call, settings.num_samples, chosen[name], settings.timeout_s, samples
             )
         generation_s += seconds
-        metrics[name] = summarize_correctness(correct, ks)
+        metrics[name] = summarize_correctness(correct, settings.ks)
 
+    keys = ("preset", "num_samples", "ks", "max_new_tokens", "temperature", "top_p", "top_k", "prompt_template")
     results = {
         "model": model,
-        "settings": {
-            "preset": preset,
-            "num_samples": num_samples,
-            "ks": list(ks),
-            "max_new_tokens": max_new_tokens,
-            "temperature": temperature,
-            "top_p": top_p,
-            "top_k": top_k,
-            "prompt_template": prompt_template,
+        "settings": {key: getattr(settings, key) for key in keys}
+        | {
             "scorer": chosen,
-            "timeout_s": {name: _timeout(s, timeout_s) for name, s in chosen.items()},
+            "timeout_s": {name: _timeout(s, settings.timeout_s) for name, s in chosen.items()},
             "backend": backend,
-            "seed": seed,
-            "max_problems": max_problems,
+            "seed": settings.seed,
+            "max_problems": settings.max_problems,
             "generation_seconds": round(generation_s, 3),
         },
-        "estimators": estimator_labels(preset),
+        "estimators": estimator_labels(settings.preset),
         "benchmarks": metrics,
     }
     if out is not None:

@@ -120,7 +120,7 @@ def load_generator(backend: str, model: str, settings: Mapping[str, Any]) -> tup
         model: model folder or hub id.
         settings: ``num_samples``, ``max_new_tokens``, ``temperature``, ``top_p``, ``seed``, ``dtype``,
             ``batch_size``, ``device``, ``vllm_kwargs`` and optionally ``top_k`` (None: no top-k), as checked by
-            `trl_bandpo.evaluation.evaluate`.
+            `trl_bandpo.evaluation.EvalSettings`.
 
     Returns:
         ``(generate, prompts_per_call)``: `generate` maps a list of prompts to their completions; each call should
@@ -136,13 +136,13 @@ def load_generator(backend: str, model: str, settings: Mapping[str, Any]) -> tup
     return generate, prompts_per_call
 
 
-def resolve_backend(backend: str) -> str:
-    """ "vllm" or "transformers" for `backend` ("auto": vLLM when importable); ValueError when it cannot run."""
-    allowed = ("auto", "vllm", "transformers")
-    if backend not in allowed:
-        raise ValueError(f"backend must be one of {allowed}, got {backend!r}")
-    if backend == "auto":
-        return "vllm" if importlib.util.find_spec("vllm") is not None else "transformers"
-    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ValueError("backend='vllm' but vllm is not installed (pip install 'trl-bandpo[vllm]')")
-    return backend
+def resolve_backend(backend: str, field: str = "backend") -> str:
+    """ "vllm" or "transformers" for the checked `backend` ("auto": vLLM when importable); ValueError naming `field`
+    for "vllm" without vLLM installed."""
+    installed = importlib.util.find_spec("vllm") is not None
+    if backend == "vllm" and not installed:
+        raise ValueError(
+            f"{field}='vllm' needs vLLM, which is not installed: pip install 'trl-bandpo[vllm]', or use {field} "
+            "auto or transformers"
+        )
+    return ("vllm" if installed else "transformers") if backend == "auto" else backend

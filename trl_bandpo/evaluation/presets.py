@@ -7,26 +7,32 @@ winning over the preset's.
 * ``"bandpo"``: the BandPO paper's validation (arXiv:2603.04918, §4 "Experimental Setup") as the authors' public
   verl scripts run it: AIME 2024, AIME 2025 and AMC 2023 in DAPO's "Answer:" prompt template, 32 samples at
   temperature 1.0 and top-p 1.0 without top-k, 4,096 new tokens; AIME scored by verl's ``math_dapo`` rule (the
-  ``"dapo"`` scorer), AMC by verl's ``math_reward`` rule (the ``"math_reward"`` scorer).
+  ``"dapo"`` scorer), AMC by verl's ``math_reward`` rule (the ``"math_reward"`` scorer). The AMC scorer is inferred
+  (``sources["scorer"]`` says why); ``scorer={"amc2023": "dapo"}`` switches it, keeping the AIME ones.
 * ``"dgpo"``: the DGPO paper's evaluation (arXiv:2603.14389, §5.1 and Appendices B-C): AIME24/25 (math-ai copies),
-  AMC23, MATH500, Minerva and OlympiadBench, Avg@32, Pass@32 and Pass@k for k = 1..32, 8,192 new tokens, scored by
+  AMC23, MATH500, Minerva and OlympiadBench, Avg@32, Pass@32 and Pass@k for k in {1, 2, 4, 8, 16, 32}, 8,192 new
+  tokens, scored by
   the conservative ``prime_math`` rules (the ``"strict"`` scorer). The paper states temperature 1.0 and top-p 1.0
   for rollout generation and no separate evaluation sampling; the preset uses the same values (our choice), no
   top-k, and the boxed prompt (also our choice: ``prime_math`` grades the last ``\boxed{}``).
 
 ``estimator`` names which of our two estimators the paper reports as its Pass@32 (``"best"``, verl's bootstrap
-best@k, for both; ``sources["estimator"]`` says why), ``paper_metric`` what the paper calls it and ``paper`` the
-paper; results show that estimator first, labelled as the paper's metric (`estimator_labels`).
+best@k: checked against the DGPO paper's values, inferred from the authors' pipeline for BandPO;
+``sources["estimator"]`` says why), ``paper_metric`` what the paper calls it and ``paper`` the paper; results show
+that estimator first, labelled as the paper's metric (`estimator_labels`).
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..core.checks import Choice
+from .scorers import parse_scorer
 from .summary import BEST_LABEL, PASS_LABEL
 
-__all__ = ["EVAL_PRESETS", "PRESET_SETTINGS", "estimator_labels", "get_preset", "preset_settings"]
+__all__ = ["EVAL_PRESETS", "PRESET_SETTINGS", "estimator_labels", "get_preset", "merge_scorer", "preset_settings"]
 
 _BANDPO = "BandPO (arXiv:2603.04918)"
 _BANDPO_SCRIPTS = "the BandPO authors' verl scripts (github.com/OpenMOSS/BandPO, RLtraining/verl/baselinescripts)"
@@ -37,10 +43,11 @@ EVAL_PRESETS: dict[str, dict[str, Any]] = {
     "bandpo": {
         "description": (
             "BandPO's validation protocol: AIME 2024, AIME 2025 and AMC 2023 in DAPO's prompt template, 32 samples "
-            "at temperature 1.0 / top-p 1.0 without top-k, 4,096 new tokens; AIME scored by the DAPO 'Answer:' rule, "
-            "AMC by verl's math_reward rule (Hendrycks MATH string normalisation of the last \\boxed{} answer), as "
-            "the authors' verl validation did (mean@32 and pass@32 reported; their pass@32 is verl's bootstrap "
-            "best@32)."
+            "at temperature 1.0 / top-p 1.0 without top-k, 4,096 new tokens; AIME scored by the DAPO 'Answer:' rule "
+            "as the authors' verl validation did, AMC by verl's math_reward rule (Hendrycks MATH string normalisation "
+            "of the last \\boxed{} answer), which is inferred from their data scripts (scorer amc2023=dapo switches "
+            "it). mean@32 and pass@32 reported; their pass@32 is, inferred from their pipeline, verl's bootstrap "
+            "best@32."
         ),
         "benchmarks": ["aime2024", "aime2025", "amc2023"],
         "prompt_template": "dapo",
@@ -64,9 +71,12 @@ EVAL_PRESETS: dict[str, dict[str, Any]] = {
             "top_k": f"{_BANDPO_SCRIPTS}: rollout.val_kwargs.top_k=-1 (none)",
             "num_samples": f"{_BANDPO}, §4: mean@32 and pass@32; scripts: rollout.val_kwargs.n=32",
             "max_new_tokens": f"{_BANDPO_SCRIPTS}: data.max_response_length=4096 (the '-L4k' runs)",
-            "scorer": f"{_BANDPO_SCRIPTS}: AIME rows have data_source 'aime_*', scored by verl's math_dapo; AMC rows "
-            "'lighteval/MATH', scored by verl's math_reward (last \\boxed{} answer, Hendrycks MATH string "
-            "normalisation; the 'math_reward' scorer)",
+            "scorer": f"{_BANDPO_SCRIPTS}: AIME rows have data_source 'aime_*', scored by verl's math_dapo. AMC: "
+            "inferred, not verified: their data script tags AMC rows 'lighteval/MATH', which verl scores with "
+            "math_reward (last \\boxed{} answer, Hendrycks MATH string normalisation; the 'math_reward' scorer), but "
+            "mixed with the AIME rows in one validation batch that pipeline stops on an assertion, and the prebuilt "
+            "AMC file their scripts download is not public, so how their AMC numbers were scored is not known. "
+            "scorer amc2023=dapo switches AMC to the 'dapo' scorer",
             "ks": "powers of two up to 32: verl logs best@2..best@32, the paper reports pass@32",
             "estimator": f"{_BANDPO}, §4 reports mean@32 and pass@32 from the authors' verl validation "
             "(trainer.test_freq=5, rollout.val_kwargs.n=32); their verl's validation metrics "
@@ -78,10 +88,10 @@ EVAL_PRESETS: dict[str, dict[str, Any]] = {
     "dgpo": {
         "description": (
             "DGPO's evaluation protocol: AIME24/AIME25 (math-ai copies), AMC23, MATH500, Minerva and OlympiadBench, "
-            "32 samples, 8,192 new tokens, Avg@32, Pass@32 and Pass@k for k = 1..32, scored by the conservative "
-            "prime_math rules. The paper states temperature 1.0 / top-p 1.0 for rollout generation but no separate "
-            "evaluation sampling: the preset uses the same values (our choice), no top-k and the boxed prompt (our "
-            "choice; prime_math grades the last \\boxed{} answer)."
+            "32 samples, 8,192 new tokens, Avg@32, Pass@32 and Pass@k for k in {1, 2, 4, 8, 16, 32}, scored by the "
+            "conservative prime_math rules. The paper states temperature 1.0 / top-p 1.0 for rollout generation but "
+            "no separate evaluation sampling: the preset uses the same values (our choice), no top-k and the boxed "
+            "prompt (our choice; prime_math grades the last \\boxed{} answer)."
         ),
         "benchmarks": ["aime2024-math-ai", "aime2025-math-ai", "amc2023", "math500", "minerva", "olympiadbench"],
         "prompt_template": "boxed",
@@ -91,7 +101,7 @@ EVAL_PRESETS: dict[str, dict[str, Any]] = {
         "num_samples": 32,
         "max_new_tokens": 8192,
         "scorer": "strict",
-        "ks": list(range(1, 33)),
+        "ks": [1, 2, 4, 8, 16, 32],
         "paper": "DGPO",
         "estimator": "best",
         "paper_metric": "P@32 and Pass@k",
@@ -107,7 +117,8 @@ EVAL_PRESETS: dict[str, dict[str, Any]] = {
             "num_samples": f"{_DGPO}, §5.1: Avg@32 and Pass@32",
             "max_new_tokens": f"{_DGPO}, Appendix B.2: maximum response length 8192",
             "scorer": f"{_DGPO}, §5.1: 'a conservative method prime_math is used for evaluation'",
-            "ks": f"{_DGPO}, §5.2 and Appendix C.3: Pass@K for K = 1..32",
+            "ks": f"{_DGPO}, Appendix C.3: Pass@K for k in {{1, 2, 4, 8, 16, 32}} (§5.2 announces K = 1, ..., 32; the "
+            "appendix lists these six)",
             "estimator": f"{_DGPO}: 38 of its 42 P@32 values on AIME24, AIME25 and AMC23 are multiples of neither "
             "1/30 nor 1/40, which the unbiased pass@32 of 32 samples (the share of problems solved at least once) "
             "always is: they are verl's bootstrap best@32",
@@ -157,29 +168,56 @@ def estimator_labels(preset: str | None = None) -> dict[str, str]:
 
 def get_preset(name: str, argument: str = "preset") -> dict[str, Any]:
     """A deep copy of `EVAL_PRESETS[name]`; ValueError naming `argument`, the value and the presets otherwise."""
-    if not isinstance(name, str) or name not in EVAL_PRESETS:
-        raise ValueError(f"{argument} must be one of {list(EVAL_PRESETS)}, got {name!r}")
-    return copy.deepcopy(EVAL_PRESETS[name])
+    return copy.deepcopy(EVAL_PRESETS[Choice(tuple(EVAL_PRESETS))(name, argument)])
 
 
-def preset_settings(name: str, **overrides: Any) -> dict[str, Any]:
-    """`evaluate` keyword arguments of preset `name`; `overrides` (any `evaluate` keyword) win over its values.
-
-    The preset's ``ks`` above an overriding ``num_samples`` are dropped (the preset's pass@k stop at num_samples).
-    ``preset=name`` is included, so that results.json records it.
+def merge_scorer(base: Any, *updates: Any) -> Any:
+    """The scorer setting `base` updated by each of `updates` in turn: a scorer name replaces it, a mapping benchmark
+    -> name (or its text ``"aime2024=dapo,amc2023=dapo"``, or a list of such entries) updates it, a name in `base`
+    becoming the scorer of every other benchmark (``"*"``). The result is checked where it is used (`check_scorer`).
 
     Example:
 
     ```python
-    >>> settings = preset_settings("bandpo", max_new_tokens=1024)
-    >>> settings["temperature"], settings["max_new_tokens"], settings["preset"]
-    (1.0, 1024, 'bandpo')
+    >>> merge_scorer({"aime2024": "dapo", "amc2023": "math_reward"}, "amc2023=dapo")
+    {'aime2024': 'dapo', 'amc2023': 'dapo'}
+    >>> merge_scorer("strict", ["math_verify", "x=dapo"])
+    {'*': 'math_verify', 'x': 'dapo'}
+    ```
+    """
+    for update in updates:
+        if isinstance(update, Sequence) and not isinstance(update, str):
+            base = merge_scorer(base, *update)
+            continue
+        update = parse_scorer(update)
+        if isinstance(update, Mapping) and isinstance(base, (str, Mapping)):
+            update = {**({"*": base} if isinstance(base, str) else base), **update}
+        base = update
+    return base
+
+
+def preset_settings(name: str, **overrides: Any) -> dict[str, Any]:
+    """`evaluate` keyword arguments of preset `name`; `overrides` (any `EvalSettings` field) win over its values.
+
+    The preset's ``ks`` above an overriding ``num_samples`` are dropped (the preset's pass@k stop at num_samples); an
+    overriding ``scorer`` that maps benchmarks to scorers updates the preset's mapping (`merge_scorer`: AMC by
+    ``"dapo"`` keeps AIME by ``"dapo"``), a scorer name replaces it. ``preset=name`` is included, so that results.json
+    records it.
+
+    Example:
+
+    ```python
+    >>> settings = preset_settings("bandpo", max_new_tokens=1024, scorer="amc2023=dapo")
+    >>> settings["temperature"], settings["max_new_tokens"], settings["scorer"], settings["preset"]
+    (1.0, 1024, {'aime2024': 'dapo', 'aime2025': 'dapo', 'amc2023': 'dapo'}, 'bandpo')
     ```
     """
     preset = get_preset(name)
     settings = {key: preset[key] for key in PRESET_SETTINGS}
     if "num_samples" in overrides and "ks" not in overrides and isinstance(overrides["num_samples"], int):
         settings["ks"] = [k for k in settings["ks"] if k <= overrides["num_samples"]] or None
+    if "scorer" in overrides:
+        overrides = {**overrides, "scorer": merge_scorer(settings["scorer"], overrides["scorer"])}
     settings.update(overrides)
     settings["preset"] = name
     return settings

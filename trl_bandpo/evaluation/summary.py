@@ -6,16 +6,20 @@ r"""mean@n and two pass@k estimators from per-sample correctness, and the Markdo
   that k samples drawn WITHOUT replacement from the n hold a correct one. pass@1 equals mean@n, pass@n is the share
   of problems solved at least once.
 * ``best@k`` (`BEST_LABEL`): verl's bootstrap "best@k/mean" (``verl.trainer.ppo.metric_utils``,
-  ``process_validation_metrics``), which both papers report as their Pass@32: the expected best score of k
-  samples drawn WITH replacement from the n. For 0/1 scores that is ``1 - (1 - c/n)^k`` (`best_at_k`); verl
-  estimates it from 1,000 seeded resamples. It is lower than pass@k for k > 1 (1 correct of 32: pass@32 = 1,
-  best@32 = 0.638). docs/evaluation.md compares the two.
+  ``process_validation_metrics``): the expected best score of k samples drawn WITH replacement from the n. For 0/1
+  scores that is ``1 - (1 - c/n)^k`` (`best_at_k`); verl estimates it from 1,000 seeded resamples. It is lower than
+  pass@k for k > 1 (1 correct of 32: pass@32 = 1, best@32 = 0.638). The DGPO paper's Pass@32 is this one (its
+  reported values show it); the BandPO paper's pass@32 is inferred to be, from the authors' verl pipeline, which
+  logs no other. docs/evaluation.md compares the two.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from ..core.checks import Integer
 
 __all__ = [
     "BEST_LABEL",
@@ -34,10 +38,15 @@ PASS_LABEL = "pass@k (unbiased)"
 BEST_LABEL = "best@k (bootstrap, as verl logs)"
 
 
-def _check_count(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+_COUNT, _POSITIVE = Integer(low=0), Integer(low=1)
+
+
+def _check_nck(n: int, c: int, k: int) -> None:
+    _POSITIVE(n, "n")
+    _COUNT(c, "c")
+    _POSITIVE(k, "k")
+    if c > n:
+        raise ValueError(f"c must be <= n, got c={c}, n={n}")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -46,11 +55,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     Computed as ``1 - prod_{i=n-c+1}^{n} (1 - k/i)`` (no large binomials, stable for n in the thousands).
     Requires ``0 <= c <= n`` and ``1 <= k <= n``.
     """
-    _check_count("n", n, 1)
-    _check_count("c", c, 0)
-    _check_count("k", k, 1)
-    if c > n:
-        raise ValueError(f"c must be <= n, got c={c}, n={n}")
+    _check_nck(n, c, k)
     if k > n:
         raise ValueError(f"k must be <= n (pass@k needs at least k samples), got k={k}, n={n}")
     if n - c < k:  # every k-subset contains a correct sample
@@ -62,23 +67,20 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - failure
 
 
-def _check_nck(n: int, c: int, k: int) -> None:
-    _check_count("n", n, 1)
-    _check_count("c", c, 0)
-    _check_count("k", k, 1)
-    if c > n:
-        raise ValueError(f"c must be <= n, got c={c}, n={n}")
-
-
 def best_at_k(n: int, c: int, k: int) -> float:
     """verl's bootstrap best@k of 0/1 scores in closed form: ``1 - (1 - c/n)^k``.
 
     The expected value, over resamples of `k` samples drawn WITH replacement from `n` samples of which `c` are
     correct, of "at least one resampled sample is correct" (verl's ``best@k/mean``, which averages 1,000 seeded
-    resamples instead). `k` may exceed `n`. Requires ``0 <= c <= n`` and ``k >= 1``.
+    resamples instead). `k` may exceed `n`. Requires ``0 <= c <= n`` and ``k >= 1``; any sizes (computed as
+    ``-expm1(k * log1p(-c/n))``: no overflow for a `k` beyond the float range, no cancellation when c/n is tiny).
     """
     _check_nck(n, c, k)
-    return 1.0 - (1.0 - c / n) ** k
+    if c in (0, n):
+        return float(c == n)
+    return -math.expm1(
+        float(min(k, 2**1023)) * math.log1p(-c / n)
+    )  # k = 2**1023 already gives 1.0 unless c/n < 1e-306
 
 
 def bootstrap_best_at_k(n: int, c: int, k: int, resamples: int = 1000, seed: int = 42) -> float:
@@ -87,7 +89,7 @@ def bootstrap_best_at_k(n: int, c: int, k: int, resamples: int = 1000, seed: int
     import random
 
     _check_nck(n, c, k)
-    _check_count("resamples", resamples, 1)
+    _POSITIVE(resamples, "resamples")
     rng = random.Random(seed)
     hits = sum(any(rng.randrange(n) < c for _ in range(k)) for _ in range(resamples))
     return hits / resamples
@@ -95,16 +97,13 @@ def bootstrap_best_at_k(n: int, c: int, k: int, resamples: int = 1000, seed: int
 
 def mean_accuracy(n: int, c: int) -> float:
     """Fraction of correct samples, ``c / n`` (one problem's mean@n)."""
-    _check_count("n", n, 1)
-    _check_count("c", c, 0)
-    if c > n:
-        raise ValueError(f"c must be <= n, got c={c}, n={n}")
+    _check_nck(n, c, 1)
     return c / n
 
 
 def default_ks(num_samples: int) -> tuple[int, ...]:
     """Powers of two up to `num_samples`, plus `num_samples` itself: 32 -> (1, 2, 4, 8, 16, 32)."""
-    _check_count("num_samples", num_samples, 1)
+    num_samples = _POSITIVE(num_samples, "num_samples")
     ks = [1 << p for p in range(num_samples.bit_length()) if (1 << p) <= num_samples]
     if ks[-1] != num_samples:
         ks.append(num_samples)
@@ -129,10 +128,9 @@ def summarize_correctness(correct: Sequence[Sequence[bool]], ks: Sequence[int]) 
     n = len(correct[0])
     if any(len(samples) != n for samples in correct):
         raise ValueError(f"every problem needs the same number of samples, got {sorted({len(s) for s in correct})}")
-    _check_count("samples per problem", n, 1)
+    _POSITIVE(n, "samples per problem")
     for k in ks:
-        _check_count("k", k, 1)
-        if k > n:
+        if _POSITIVE(k, "k") > n:
             raise ValueError(f"ks must be <= the number of samples per problem ({n}), got k={k}")
     counts = [sum(bool(x) for x in samples) for samples in correct]
     summary: dict[str, Any] = {"problems": len(correct), "samples_per_problem": n}

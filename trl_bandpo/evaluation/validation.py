@@ -19,36 +19,25 @@ integration.
 * **Reproducibility.** Sampling is seeded from ``seed``, the step and the process, inside ``torch.random.fork_rng``:
   the trainer's random number generators are left exactly as they were.
 
-The callback needs its trainer (its model, engine and logger): `ValidationCallback.attach` registers it.
-`validation_callback_from_settings` builds one from a recipe's fields (None when no benchmark is named).
+The callback needs its trainer (its model, engine and logger): `ValidationCallback.attach` registers it. Its
+settings are a `trl_bandpo.evaluation.ValidationSettings`, which a recipe's ``val_*`` fields also build.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import os
 import time
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from transformers import TrainerCallback
 
-from .checks import check_sampling
 from .generation import render_prompt
-from .scorers import check_scorer, parse_scorer, score, scorers_for
-from .summary import _check_count, best_at_k, pass_at_k
+from .scorers import score, scorers_for
+from .settings import ValidationSettings
+from .summary import best_at_k, pass_at_k
 
-__all__ = ["RECIPE_FIELDS", "ValidationCallback", "validation_callback_from_settings"]
-
-#: How `validation_callback_from_settings` names each argument in messages: the recipe fields.
-RECIPE_FIELDS = {
-    "benchmarks": "val_benchmarks",
-    "every_steps": "val_every_steps",
-    "num_samples": "val_num_samples",
-    "scorer": "val_scorer",
-    "max_new_tokens": "val_max_new_tokens",
-}
-_BACKENDS = ("auto", "vllm", "transformers")
+__all__ = ["ValidationCallback", "ValidationSettings"]
 
 
 def _vllm_engine(trainer) -> str | None:
@@ -63,148 +52,46 @@ def _vllm_engine(trainer) -> str | None:
     return None
 
 
-def _check_benchmarks_argument(benchmarks: Any, argument: str) -> None:
-    """`benchmarks` is a string, a list of strings or paths, or a mapping name -> Dataset or path; ValueError naming
-    `argument`, the value and what is allowed otherwise (before anything is loaded)."""
-    from datasets import Dataset
-
-    allowed = "a registry name, a local file or name=path, a list of them, or a mapping name -> Dataset or path"
-    if isinstance(benchmarks, str):
-        return
-    if isinstance(benchmarks, Mapping):
-        bad = [
-            (key, value)
-            for key, value in benchmarks.items()
-            if not isinstance(key, str) or not isinstance(value, (str, os.PathLike, Dataset))
-        ]
-        if not bad:
-            return
-    elif isinstance(benchmarks, Sequence) and not isinstance(benchmarks, bytes):
-        if all(isinstance(entry, (str, os.PathLike)) for entry in benchmarks):
-            return
-    elif isinstance(benchmarks, os.PathLike):
-        return
-    raise ValueError(f"{argument} must be {allowed}, got {benchmarks!r}")
-
-
 class ValidationCallback(TrainerCallback):
     r"""Sample the current policy on validation benchmarks every `every_steps` optimizer steps and log mean@k.
 
     Args:
-        benchmarks (`list[str]`, `str` or `dict`):
-            Registry names, local files or ``name=path`` entries, or a mapping name -> Dataset/path (see
-            `trl_bandpo.data.load_eval_benchmarks`); loaded, and checked, when the callback is built.
-        every_steps (`int`, *optional*, defaults to `5`):
-            Validate when ``state.global_step`` is a multiple of it (the BandPO authors' ``test_freq``).
-        num_samples (`int`, *optional*, defaults to `32`):
-            Completions per problem (n of mean@n).
-        scorer (`str` or `dict`, *optional*, defaults to `"math_verify"`):
-            A name of `trl_bandpo.evaluation.SCORERS`, or a mapping benchmark -> name (key ``"*"``: the others).
-        max_new_tokens (`int`, *optional*, defaults to `4096`):
-            Generation budget per completion.
-        temperature, top_p (`float`, *optional*, default to `1.0`):
-            Sampling settings (both papers sample at 1.0 / 1.0). temperature 0 decodes greedily.
-        prompt_template (`str`, *optional*, defaults to `"boxed"`):
-            "boxed" or "dapo" (the BandPO authors validate with DAPO's template and score AIME with ``"dapo"``).
-        max_problems (`int`, *optional*):
-            Keep only the first problems of each benchmark.
-        backend (`str`, *optional*, defaults to `"auto"`):
-            "auto" (the trainer's vLLM engine when it can be reused, see the module, else ``generate``), "vllm"
-            (an error when the engine cannot be reused) or "transformers".
-        top_k (`int`, *optional*):
-            Top-k sampling (None: none).
-        ks (`list[int]`, *optional*):
-            k of the logged pass@k and best@k (default: ``[num_samples]``).
-        batch_size (`int`, *optional*, defaults to `64`):
-            Sequences per ``generate`` call (transformers path).
-        seed (`int`, *optional*, defaults to `0`):
-            Base seed of the validation sampler (combined with the step and the process).
-        at_start, at_end (`bool`, *optional*, default to `False` / `True`):
-            Also validate before the first step / at the last step. ``at_start=True`` is verl's
-            ``trainer.val_before_train``, which verl (and the BandPO authors' scripts) leave on; it is off here by
-            default, since it costs one more full validation.
-        timeout_s (`float`, *optional*):
-            Limit per answer of the ``"math_verify"`` and ``"strict"`` scorers (None: their defaults).
+        settings (`ValidationSettings`, or the benchmarks):
+            The settings; or, instead, the benchmarks (registry names, local files or ``name=path`` entries, or a
+            mapping name -> Dataset/path, see `trl_bandpo.data.load_eval_benchmarks`) with the other settings as
+            keywords.
         trainer (`transformers.Trainer`, *optional*):
             Attach to this trainer at once (see `attach`).
-        argument_names (`dict[str, str]`, *optional*):
-            How messages name each argument (e.g. `RECIPE_FIELDS`).
+        **kwargs:
+            `ValidationSettings` fields: ``every_steps=5``, ``num_samples=32``, ``scorer="math_verify"``,
+            ``max_new_tokens=4096``, ``temperature=1.0``, ``top_p=1.0``, ``top_k``, ``ks`` (default
+            ``[num_samples]``), ``prompt_template="boxed"``, ``max_problems``, ``backend="auto"`` ("auto": the
+            trainer's vLLM engine when it can be reused, see the module, else ``generate``; "vllm": an error when
+            the engine cannot be reused; "transformers"), ``batch_size=64``, ``seed=0`` (combined with the step and
+            the process), ``at_start=False`` (verl's ``val_before_train``), ``at_end=True``, ``timeout_s``.
+            Given with `settings`, they override it.
 
-    Every argument is checked when the callback is built: a bad value raises ValueError naming the argument (or
-    its recipe field, see `argument_names`), the value and what is allowed.
+    Every setting is checked (`ValidationSettings`) and the benchmarks are loaded when the callback is built: a bad
+    value raises ValueError naming the setting as the settings name it (a recipe field for a recipe's), the value
+    and what is allowed.
     """
 
-    def __init__(
-        self,
-        benchmarks: Sequence[str] | str | Mapping[str, Any],
-        every_steps: int = 5,
-        num_samples: int = 32,
-        scorer: str | Mapping[str, str] = "math_verify",
-        max_new_tokens: int = 4096,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        prompt_template: str = "boxed",
-        max_problems: int | None = None,
-        backend: str = "auto",
-        *,
-        top_k: int | None = None,
-        ks: Sequence[int] | None = None,
-        batch_size: int = 64,
-        seed: int = 0,
-        at_start: bool = False,
-        at_end: bool = True,
-        timeout_s: float | None = None,
-        trainer=None,
-        argument_names: Mapping[str, str] | None = None,
-    ):
-        from ..data.prompts import check_prompt_template
+    def __init__(self, settings: ValidationSettings | Any = None, *, trainer=None, **kwargs: Any):
         from . import load_benchmarks
 
-        if argument_names is not None and (
-            not isinstance(argument_names, Mapping)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in argument_names.items())
-        ):
-            raise ValueError(
-                f"argument_names must be None or a mapping argument -> name (strings), got {argument_names!r}"
-            )
-        names = dict(argument_names or {})
-
-        def name(key: str) -> str:
-            return names.get(key, key)
-
-        _check_benchmarks_argument(benchmarks, name("benchmarks"))
-        _check_count(name("every_steps"), every_steps, 1)
-        self.ks = check_sampling(
-            num_samples, [num_samples] if ks is None else ks, max_new_tokens, temperature, top_p, top_k, names
-        )
-        if max_problems is not None:
-            _check_count(name("max_problems"), max_problems, 1)
-        _check_count(name("batch_size"), batch_size, 1)
-        _check_count(name("seed"), seed, 0)
-        if backend not in _BACKENDS:
-            raise ValueError(f"{name('backend')} must be one of {list(_BACKENDS)}, got {backend!r}")
-        if timeout_s is not None and (
-            isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf
-        ):
-            raise ValueError(f"{name('timeout_s')} must be None or a finite number of seconds > 0, got {timeout_s!r}")
-        for flag, value in (("at_start", at_start), ("at_end", at_end)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name(flag)} must be True or False, got {value!r}")
-        check_prompt_template(prompt_template, name("prompt_template"))
-        scorer = check_scorer(scorer, name("scorer"))
-        if not benchmarks:
-            raise ValueError(f"{name('benchmarks')} must name at least one benchmark, got {benchmarks!r}")
+        if not isinstance(settings, ValidationSettings):
+            settings = ValidationSettings(**kwargs if settings is None else {"benchmarks": settings, **kwargs})
+        elif kwargs:
+            settings = dataclasses.replace(settings, **kwargs)
+        self.settings = s = settings
+        if not s.benchmarks:
+            raise ValueError(f"{s.name('benchmarks')} must name at least one benchmark, got {s.benchmarks!r}")
         try:
-            loaded = load_benchmarks(benchmarks, max_problems=max_problems, prompt_template=prompt_template)
+            loaded = load_benchmarks(s.benchmarks, max_problems=s.max_problems, prompt_template=s.prompt_template)
         except (ValueError, ConnectionError) as err:
-            raise type(err)(f"{name('benchmarks')}: {err}") from None
-        self.scorers = scorers_for(scorer, list(loaded), name("scorer"))
+            raise type(err)(f"{s.name('benchmarks')}: {err}") from None
+        self.scorers = scorers_for(s.scorer, list(loaded), s.name("scorer"))
         self.problems = {bench: (list(d["prompt"]), list(d["solution"])) for bench, d in loaded.items()}
-        self.every_steps, self.num_samples, self.max_new_tokens = every_steps, num_samples, max_new_tokens
-        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
-        self.prompt_template, self.max_problems = prompt_template, max_problems
-        self.batch_size, self.seed = batch_size, seed
-        self.at_start, self.at_end, self.timeout_s, self.backend = at_start, at_end, timeout_s, backend
         self.trainer, self.engine, self.last_step = None, None, None
         if trainer is not None:
             self.attach(trainer)
@@ -222,12 +109,12 @@ class ValidationCallback(TrainerCallback):
                 f"trainer must be a transformers Trainer (such as BandPOTrainer) to attach to, got {trainer!r}"
             )
         engine = _vllm_engine(trainer)
-        if self.backend == "vllm" and engine is None:
+        if self.settings.backend == "vllm" and engine is None:
             raise ValueError(
                 "backend='vllm' needs the trainer's vLLM engine (use_vllm=True, server or colocate mode); use "
                 f"backend='auto' or 'transformers' (use_vllm={getattr(trainer, 'use_vllm', False)})"
             )
-        self.engine = None if self.backend == "transformers" else engine
+        self.engine = None if self.settings.backend == "transformers" else engine
         self.trainer = trainer
         if self not in trainer.callback_handler.callbacks:
             trainer.add_callback(self)
@@ -237,14 +124,14 @@ class ValidationCallback(TrainerCallback):
         if self.trainer is None:
             raise RuntimeError(
                 "ValidationCallback is not attached to a trainer: call callback.attach(trainer) after building the "
-                "trainer (or pass trainer=... to ValidationCallback / validation_callback_from_settings)"
+                "trainer (or pass trainer=... to ValidationCallback)"
             )
-        if self.at_start:
+        if self.settings.at_start:
             self.validate()
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
-        due = step % self.every_steps == 0 or (self.at_end and step == state.max_steps)
+        due = step % self.settings.every_steps == 0 or (self.settings.at_end and step == state.max_steps)
         if due and step != self.last_step:
             should_log = control.should_log  # logging resets it: keep the trainer's own log of this step
             self.validate()
@@ -266,10 +153,10 @@ class ValidationCallback(TrainerCallback):
         with torch.random.fork_rng(devices=devices):  # the trainer's generators are restored afterwards
             counts = self._correct_counts(step)
         logs: dict[str, float] = {}
-        n = self.num_samples
+        n = self.settings.num_samples
         for bench, per_problem in counts.items():
             logs[f"val/{bench}/mean@{n}"] = sum(per_problem) / (n * len(per_problem))
-            for k in self.ks:
+            for k in self.settings.ks:
                 logs[f"val/{bench}/pass@{k}"] = sum(pass_at_k(n, c, k) for c in per_problem) / len(per_problem)
                 logs[f"val/{bench}/best@{k}"] = sum(best_at_k(n, c, k) for c in per_problem) / len(per_problem)
         logs["val/seconds"] = round(time.time() - started, 3)
@@ -281,7 +168,7 @@ class ValidationCallback(TrainerCallback):
         """Per-problem correct counts of every benchmark, summed over the processes."""
         import torch
 
-        accelerator = self.trainer.accelerator
+        accelerator, s = self.trainer.accelerator, self.settings
         world, rank = accelerator.num_processes, accelerator.process_index
         # Colocated vLLM with tensor parallelism: the ranks of a group share one engine, so they take the same
         # problems and seed, and only the group's first rank counts the answers.
@@ -291,10 +178,10 @@ class ValidationCallback(TrainerCallback):
         owner = (lambda index: 0) if self.engine == "server" else (lambda index: index % groups_count)
         mine = [index for index in range(len(items)) if owner(index) == group]
         prompts = [self.problems[items[index][0]][0][items[index][1]] for index in mine]
-        seed = (self.seed + 1_000_003 * step + 7_919 * group) % 2**32
+        seed = (s.seed + 1_000_003 * step + 7_919 * group) % 2**32
         torch.manual_seed(seed)
         if self.engine is None:
-            per_call = max(1, self.batch_size // (1 if self.temperature == 0 else self.num_samples))
+            per_call = max(1, s.batch_size // (1 if s.temperature == 0 else s.num_samples))
             calls = math.ceil(math.ceil(len(items) / world) / per_call)  # the same on every process
             completions = self._generate(prompts, per_call, calls, self.problems[items[0][0]][0][0])
         else:
@@ -308,9 +195,9 @@ class ValidationCallback(TrainerCallback):
             solutions = self.problems[bench][1]
             flat = [text for _, samples in rows for text in samples]
             golds = [solutions[items[index][1]] for index, samples in rows for _ in samples]
-            flags = score(self.scorers[bench], flat, golds, timeout_s=self.timeout_s)
+            flags = score(self.scorers[bench], flat, golds, timeout_s=s.timeout_s)
             for j, (index, _) in enumerate(rows):
-                counts[index] = sum(flags[j * self.num_samples : (j + 1) * self.num_samples])
+                counts[index] = sum(flags[j * s.num_samples : (j + 1) * s.num_samples])
         totals = accelerator.reduce(counts, reduction="sum").tolist() if world > 1 else counts.tolist()
         result: dict[str, list[int]] = {bench: [] for bench in self.problems}
         for (bench, _), total in zip(items, totals, strict=True):
@@ -333,13 +220,13 @@ class ValidationCallback(TrainerCallback):
         from trl.distributed import DistributedBackend
         from trl.models import unwrap_model_for_generation
 
-        trainer, tokenizer = self.trainer, self._tokenizer()
+        trainer, tokenizer, s = self.trainer, self._tokenizer(), self.settings
         eos = getattr(trainer, "eos_token_ids", None) or tokenizer.eos_token_id
-        n, greedy = self.num_samples, self.temperature == 0  # greedy: decode once, repeat
+        n, greedy = s.num_samples, s.temperature == 0  # greedy: decode once, repeat
         config = GenerationConfig(
-            max_new_tokens=self.max_new_tokens, do_sample=not greedy, num_return_sequences=1 if greedy else n,
-            temperature=None if greedy else self.temperature, top_p=None if greedy else self.top_p,
-            top_k=None if greedy else (self.top_k or 0), repetition_penalty=1.0, pad_token_id=tokenizer.pad_token_id,
+            max_new_tokens=s.max_new_tokens, do_sample=not greedy, num_return_sequences=1 if greedy else n,
+            temperature=None if greedy else s.temperature, top_p=None if greedy else s.top_p,
+            top_k=None if greedy else (s.top_k or 0), repetition_penalty=1.0, pad_token_id=tokenizer.pad_token_id,
             eos_token_id=eos, disable_compile=True,
         )  # fmt: skip
         model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
@@ -385,11 +272,12 @@ class ValidationCallback(TrainerCallback):
             engine.sync_weights()  # every process takes part (parameters may be gathered); wakes the weights up
             trainer._last_loaded_step = trainer.state.global_step  # the trainer then skips its own sync
         token_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in self._texts(prompts)]
-        n, greedy = self.num_samples, self.temperature == 0
+        s = self.settings
+        n, greedy = s.num_samples, s.temperature == 0
         per_prompt = 1 if greedy else n  # vLLM refuses n > 1 with greedy decoding: decode once, repeat
         sampling = dict(
-            n=per_prompt, temperature=self.temperature, top_p=1.0 if greedy else self.top_p, top_k=self.top_k or 0,
-            max_tokens=self.max_new_tokens,
+            n=per_prompt, temperature=s.temperature, top_p=1.0 if greedy else s.top_p, top_k=s.top_k or 0,
+            max_tokens=s.max_new_tokens,
         )  # fmt: skip
         if self.engine == "server":
             if not token_ids:
@@ -413,37 +301,3 @@ class ValidationCallback(TrainerCallback):
             completions = [[choice.token_ids for choice in output.outputs] for output in outputs]
         texts = [[tokenizer.decode(ids, skip_special_tokens=True) for ids in group] for group in completions]
         return [group * n for group in texts] if greedy else texts
-
-
-def validation_callback_from_settings(
-    benchmarks: Sequence[str] | str | None,
-    every_steps: int = 5,
-    num_samples: int = 32,
-    scorer: str | Mapping[str, str] = "math_verify",
-    max_new_tokens: int = 4096,
-    *,
-    trainer=None,
-    **kwargs: Any,
-) -> ValidationCallback | None:
-    """A `ValidationCallback` from a recipe's fields, or None when `benchmarks` is None or empty (no validation).
-
-    Args:
-        benchmarks: ``val_benchmarks``: registry names / local files, a list or a comma-separated string.
-        every_steps: ``val_every_steps``. num_samples: ``val_num_samples``. max_new_tokens: ``val_max_new_tokens``.
-        scorer: ``val_scorer``: a scorer name, a mapping benchmark -> name, or ``"aime2024=dapo,amc2023=math_verify"``.
-        trainer: attach the callback to this trainer (`ValidationCallback.attach`); else call ``attach`` later.
-        **kwargs: the other `ValidationCallback` arguments (``temperature``, ``top_p``, ``prompt_template``, ...).
-
-    Raises:
-        ValueError: a bad value; the message names the recipe field (`RECIPE_FIELDS`).
-    """
-    if benchmarks is None or (isinstance(benchmarks, str) and not benchmarks.strip()):
-        return None
-    if not isinstance(benchmarks, str) and len(benchmarks) == 0:
-        return None
-    extra_names = kwargs.pop("argument_names", None)
-    names = {**RECIPE_FIELDS, **extra_names} if isinstance(extra_names, Mapping) else extra_names or RECIPE_FIELDS
-    return ValidationCallback(
-        benchmarks, every_steps, num_samples, parse_scorer(scorer), max_new_tokens,
-        trainer=trainer, argument_names=names, **kwargs,
-    )  # fmt: skip
