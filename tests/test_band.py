@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trl_bandpo.core.band import band_bounds, validate_band_args
+from trl_bandpo.core.band import band_bounds, check_band_arguments
 
 # --------------------------------------------------------------------------------------------------------------
 # mpmath reference solver
@@ -892,16 +892,18 @@ def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
     args = {"radius": 0.05, "divergence": "kl", "solver": "auto", "upper_max": None, "relax": None}
     args.update(kwargs)
     with pytest.raises(ValueError, match=name):
-        validate_band_args(args["radius"], args["divergence"], args["solver"], args["upper_max"], args["relax"])
+        check_band_arguments(
+            torch.zeros(2), args["radius"], args["divergence"], args["solver"], args["upper_max"], args["relax"]
+        )
 
 
 def test_good_arguments_are_accepted():
     for radius in (1e-6, 0.05, 1, 10.0):
         for div in ALL_DIVERGENCES:
-            validate_band_args(radius, div)
-    validate_band_args(0.05, lambda u: u - 1 - torch.log(u), "torch", 1.0, (0.0, 0.0))
-    validate_band_args(0.05, "kl", "triton", 10, [0.2, 0.28])
-    validate_band_args(0.05, "kl", "auto", math.inf, (0.999, 100.0))
+            check_band_arguments(torch.zeros(2), radius, div)
+    check_band_arguments(torch.zeros(2), 0.05, lambda u: u - 1 - torch.log(u), "torch", 1.0, (0.0, 0.0))
+    check_band_arguments(torch.zeros(2), 0.05, "kl", "triton", 10, [0.2, 0.28])
+    check_band_arguments(torch.zeros(2), 0.05, "kl", "auto", math.inf, (0.999, 100.0))
     _call_with({"radius": 1, "upper_max": 10, "relax": [0.2, 0.28]})  # ints and lists are fine
 
 
@@ -1022,7 +1024,7 @@ def test_a_non_float_tensor_is_named_by_its_dtype(bad_input, dtype, radius):
     with pytest.raises(ValueError, match=rf"^old_logps must be floating point, got dtype {dtype}\.$"):
         band_bounds(bad_input, radius, "kl")
     with pytest.raises(ValueError, match=rf"old_logps must be floating point, got dtype {dtype}"):
-        validate_band_args(radius, "kl", old_logps=bad_input)
+        check_band_arguments(bad_input, radius, "kl")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

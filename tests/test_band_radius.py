@@ -20,7 +20,7 @@ import pytest
 import torch
 from test_band import ALL_DIVERGENCES, GRID, MP, _tol, ref_bounds
 
-from trl_bandpo.core.band import band_bounds, check_radius, check_radius_tensor, validate_band_args
+from trl_bandpo.core.band import RADIUS, band_bounds, check_band_arguments, check_radius_tensor
 
 DIVERGENCES = (*ALL_DIVERGENCES, "callable")
 RADII = (1e-3, 0.01, 0.05, 0.3, 1.0, 3.0)
@@ -229,7 +229,7 @@ def test_wrong_radius_tensor_raises_naming_radius(name, solver):
     with pytest.raises(ValueError, match="radius"):
         check_radius_tensor(WRONG_RADII[name], X)
     with pytest.raises(ValueError, match="radius"):
-        validate_band_args(WRONG_RADII[name], "kl", old_logps=X)
+        check_band_arguments(X, WRONG_RADII[name], "kl")
 
 
 def test_shape_error_names_both_shapes():
@@ -238,15 +238,13 @@ def test_shape_error_names_both_shapes():
 
 
 def test_float_checks_keep_working_and_reject_tensors():
-    assert check_radius(0.05) == 0.05 and check_radius(1) == 1.0
-    validate_band_args(0.05, "kl", "torch", 10.0, (0.2, 0.28))
-    validate_band_args(torch.full((2, 1), 0.05), "kl", old_logps=X)  # a tensor, with the log-probs it applies to
+    assert RADIUS(0.05, "radius") == 0.05 and RADIUS(1, "radius") == 1.0
+    check_band_arguments(torch.zeros(2), 0.05, "kl", "torch", 10.0, (0.2, 0.28))
+    check_band_arguments(X, torch.full((2, 1), 0.05), "kl")  # a tensor, with the log-probs it applies to
     with pytest.raises(ValueError, match="radius must be a finite number > 0"):  # configs take numbers only
-        check_radius(torch.tensor(0.05))
-    with pytest.raises(ValueError, match="radius must be a finite number > 0"):  # a tensor needs its old_logps
-        validate_band_args(torch.tensor(0.05), "kl")
+        RADIUS(torch.tensor(0.05), "radius")
     with pytest.raises(ValueError, match="old_logps"):
-        validate_band_args(torch.tensor(0.05), "kl", old_logps=[-1.0])
+        check_band_arguments([-1.0], torch.tensor(0.05), "kl")
     with pytest.raises(ValueError, match="old_logps"):
         band_bounds([-1.0], torch.tensor(0.05))
     with pytest.raises(ValueError, match="divergence"):  # the other arguments are still checked

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -67,42 +66,124 @@ def test_trls_own_grpo_script_runs_with_our_trainers(tiny_model_dir, tmp_path, m
         assert all(entry["bounds/upper_mean"] > 1.2 for entry in steps)
 
 
+# The shapes of config classes projects write, in a module of their own (a fresh process imports it to load the
+# pickled `training_args.bin`, as it must for GRPOTrainer's).
+PROJECT_CONFIGS = """
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+POST_INITS = []
+
+
 @dataclass
 class ProjectConfig(GRPOConfig):
-    """A project's own config, as open-r1 and others write it."""
-
     system_prompt: str = field(default="Be brief.")
     chat_template: str | None = field(default=None)
 
 
+class PlainSubclass(GRPOConfig):
+    team = "rl"
+
+
+class WithInit(GRPOConfig):
+    def __init__(self, *args, tag="default", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tag = tag
+
+
+@dataclass
+class CountingPostInit(GRPOConfig):
+    def __post_init__(self):
+        super().__post_init__()
+        POST_INITS.append(self.output_dir)
+"""
+
+
+@pytest.fixture
+def project_configs(tmp_path, monkeypatch):
+    (tmp_path / "project_configs.py").write_text(PROJECT_CONFIGS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    sys.modules.pop("project_configs", None)
+    return importlib.import_module("project_configs")
+
+
+def _common(tmp_path, name):
+    base = train_args(GRPOConfig, tmp_path / name, max_steps=1)
+    names = ("output_dir", "per_device_train_batch_size", "num_generations", "max_completion_length", "num_iterations",
+             "gradient_accumulation_steps", "max_steps", "learning_rate", "logging_steps", "report_to", "use_cpu",
+             "seed")  # fmt: skip
+    return {name: getattr(base, name) for name in names}
+
+
 @pytest.mark.parametrize("trainer_class,config_class", [(BandPOTrainer, BandPOConfig), (DGPOTrainer, DGPOConfig)])
-def test_a_project_config_that_subclasses_grpoconfig_is_served(
-    tiny_model_dir, tmp_path, caplog, trainer_class, config_class
+def test_a_project_config_that_subclasses_grpoconfig_is_used_as_it_is(
+    tiny_model_dir, tmp_path, caplog, trainer_class, config_class, project_configs
 ):
-    """The trainer keeps the project's class, fields and values, adds ours with their defaults, says so once, trains
-    with our loss and saves (the config is pickled with the model)."""
-    base = train_args(GRPOConfig, tmp_path, max_steps=1)
-    args = ProjectConfig(**{name: getattr(base, name) for name in ("output_dir", "per_device_train_batch_size",
-                         "num_generations", "max_completion_length", "num_iterations", "gradient_accumulation_steps",
-                         "max_steps", "learning_rate", "logging_steps", "report_to", "use_cpu", "seed")},
-                         system_prompt="Answer with a number.", epsilon=0.25)  # fmt: skip
+    """The trainer trains with the project's own config object (`trainer.args` is it: class, fields, values), our
+    settings at their defaults, says so once, trains with our loss and saves."""
+    args = project_configs.ProjectConfig(
+        **_common(tmp_path, "run"), system_prompt="Answer with a number.", epsilon=0.25
+    )
     trainer = trainer_class(
         model=tiny_model_dir, reward_funcs=shaped_reward, args=args, train_dataset=addition_dataset()
     )
-    assert isinstance(trainer.args, ProjectConfig) and isinstance(trainer.args, config_class)
-    assert (trainer.args.system_prompt, trainer.args.epsilon, trainer.args.max_completion_length) == (
-        "Answer with a number.", 0.25, 6
-    )  # fmt: skip
-    assert trainer.args.policy_loss == {BandPOConfig: "band", DGPOConfig: "dgpo"}[config_class]
-    assert trainer.args.band_radius == 0.05 and trainer.args.dgpo_m == 2.0
-    assert trainer.args.generation_batch_size == base.generation_batch_size
-    said = [r.getMessage() for r in caplog.records if "keeps its fields and values" in r.getMessage()]
+    assert trainer.args is args
+    assert (args.system_prompt, args.epsilon, args.max_completion_length) == ("Answer with a number.", 0.25, 6)
+    assert not hasattr(args, "policy_loss")  # nothing of ours is written into the user's object
+    assert trainer.policy_args.policy_loss == {BandPOConfig: "band", DGPOConfig: "dgpo"}[config_class]
+    assert trainer.policy_args.band_radius == 0.05 and trainer.policy_args.dgpo_m == 2.0
+    said = [r.getMessage() for r in caplog.records if "trains with it as it is" in r.getMessage()]
     assert len(said) == 1 and config_class.__name__ in said[0]
     trainer.train()
-    trainer.save_model(str(tmp_path / "saved"))
-    assert (tmp_path / "saved" / "training_args.bin").exists()
     logged = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert logged and "bounds/upper_mean" in logged[0]
+
+
+def test_the_shapes_of_project_configs_are_kept_and_their_saved_args_load_in_a_fresh_process(
+    tiny_model_dir, tmp_path, project_configs
+):
+    """Dataclass and plain subclasses, a custom `__init__`, a `__post_init__` with side effects, attributes added
+    after construction: every value is kept, none of the user's code runs again, and `training_args.bin` loads in a
+    fresh process that imports the project's module and trl_bandpo (as GRPOTrainer's does)."""
+    shapes = {
+        "dataclass": project_configs.ProjectConfig(**_common(tmp_path, "dataclass"), system_prompt="Terse."),
+        "plain": project_configs.PlainSubclass(**_common(tmp_path, "plain")),
+        "init": project_configs.WithInit(**_common(tmp_path, "init"), tag="mine"),
+        "post_init": project_configs.CountingPostInit(**_common(tmp_path, "post_init")),
+    }
+    for args in shapes.values():
+        args.added_later = "kept"
+    assert len(project_configs.POST_INITS) == 1
+    saved = {}
+    for name, args in shapes.items():
+        trainer = BandPOTrainer(
+            model=tiny_model_dir, reward_funcs=shaped_reward, args=args, train_dataset=addition_dataset()
+        )
+        assert trainer.args is args and args.added_later == "kept"
+        trainer.save_model(str(tmp_path / name / "saved"))
+        saved[name] = tmp_path / name / "saved" / "training_args.bin"
+    assert shapes["init"].tag == "mine" and shapes["dataclass"].system_prompt == "Terse."
+    assert len(project_configs.POST_INITS) == 1  # the user's __post_init__ ran once, at construction
+    code = (
+        "import sys, torch, project_configs, trl_bandpo\n"
+        "for path in sys.argv[1:]:\n"
+        "    args = torch.load(path, weights_only=False)\n"
+        "    shown = [getattr(args, name, '-') for name in ('added_later', 'tag', 'system_prompt')]\n"
+        "    print(type(args).__name__, *shown)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run([sys.executable, "-c", code, *map(str, saved.values())], capture_output=True, text=True,
+                         env=env, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[:4] == [
+        "ProjectConfig kept - Terse.",
+        "PlainSubclass kept - -",
+        "WithInit kept mine -",
+        "CountingPostInit kept - -",
+    ]
 
 
 def test_a_plain_grpoconfig_is_served_and_other_args_are_refused(tiny_model_dir, tmp_path):
@@ -110,9 +191,20 @@ def test_a_plain_grpoconfig_is_served_and_other_args_are_refused(tiny_model_dir,
     trainer = BandPOTrainer(
         model=tiny_model_dir, reward_funcs=shaped_reward, args=args, train_dataset=addition_dataset()
     )
-    assert isinstance(trainer.args, BandPOConfig) and trainer.args.policy_loss == "band"
+    assert trainer.args is args and trainer.policy_args.policy_loss == "band"
     with pytest.raises(TypeError, match="needs a GRPOConfig"):
         BandPOTrainer(model=tiny_model_dir, reward_funcs=shaped_reward, args={"output_dir": "x"})
+
+
+def test_a_project_config_is_checked_as_ours(tiny_model_dir, tmp_path):
+    """The TRL fields our losses read, and the settings TRL does not check, are refused in a project's config as in
+    ours, before the model loads."""
+    for fields, named in ((dict(epsilon=1.5), "epsilon"), (dict(learning_rate=float("nan")), "learning_rate")):
+        args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+        for key, value in fields.items():
+            setattr(args, key, value)
+        with pytest.raises(ValueError, match=named):
+            BandPOTrainer(model="no/such-model", reward_funcs=shaped_reward, args=args)
 
 
 @pytest.mark.parametrize(

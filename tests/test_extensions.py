@@ -392,15 +392,15 @@ def test_entropy_radius_ignores_nan_and_inf_entropies_at_padding():
 
 
 def _radius_host(radius_fn=None):
-    """An `AdaptiveRadius` with one process's accelerator, delta = 0.05 and radii clipped to [0.01, 0.1]."""
+    """An `OldPolicyPass` with one process's accelerator, delta = 0.05 and radii clipped to [0.01, 0.1]."""
     from collections import defaultdict
     from types import SimpleNamespace
 
-    from trl_bandpo.training.old_policy import AdaptiveRadius
+    from trl_bandpo.training.old_policy import OldPolicyPass
 
-    host = AdaptiveRadius()
+    host = OldPolicyPass()
     host._policy_bound_kwargs = {"radius": 0.05}
-    host.args = SimpleNamespace(
+    host.policy_args = SimpleNamespace(
         band_radius_by="entropy", band_radius_exponent=1.0, band_radius_min=0.01, band_radius_max=0.1
     )
     host.accelerator = SimpleNamespace(reduce=lambda tensor, reduction: tensor, gather=lambda tensor: tensor)

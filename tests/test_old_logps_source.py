@@ -130,7 +130,7 @@ def test_rollout_refusals_name_the_fields(tmp_path, settings, names):
 
 
 def test_unknown_source_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="old_logps_source must be 'trainer' or 'rollout'"):
+    with pytest.raises(ValueError, match=r"old_logps_source must be one of \['trainer', 'rollout'\]"):
         _config(tmp_path, old_logps_source="engine")
 
 
@@ -204,7 +204,7 @@ def test_unscored_tokens_leave_the_loss(tiny_model_dir, tmp_path, monkeypatch):
         expected_tool_mask[row, t] = 0
     assert torch.equal(output["tool_mask"] * completion_mask, expected_tool_mask)
     assert output["num_items_in_batch"].item() == completion_mask.sum().item() - len(unscored)
-    num, den = trainer._count_metrics["train"]["sampling/unscored_token_share"]
+    num, den = trainer._count_window("train")["sampling/unscored_token_share"]
     assert [num, den] == [len(unscored), completion_mask.sum().item()]
     trainer.current_gradient_accumulation_steps = 1
     loss = trainer._compute_loss(trainer.model, dict(output))
@@ -268,11 +268,11 @@ def test_skipping_another_pass_is_an_error(tiny_model_dir, tmp_path, monkeypatch
 
     def expect_a_pass(self, prompts):
         result = original(self, prompts)
-        self._skip_old_policy_pass = True
+        self._old_pass = {"skip": True, "result": None}
         return result
 
     monkeypatch.setattr(BandPOTrainer, "_generate", expect_a_pass)
-    with pytest.raises(RuntimeError, match="not GRPOTrainer's old-policy pass"):
+    with pytest.raises(RuntimeError, match="GRPOTrainer's old-policy pass"):
         trainer._generate_and_score_completions(list(PROMPTS))
 
 

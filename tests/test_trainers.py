@@ -143,13 +143,13 @@ def test_bounds_computed_once_per_generation_batch(tiny_model_dir, tmp_path, mon
     """Band bounds depend only on the old log-probs: one solve per generation batch, reused by every micro-step
     and every iteration over it (here 2 accumulation steps x 2 iterations = 4 loss calls per solve)."""
     calls = []
-    original = trl_bandpo.core.losses.band_bounds
+    original = trl_bandpo.core.losses.solve_band
 
     def counting_band_bounds(old_logps, *args, **kwargs):
         calls.append(tuple(old_logps.shape))
         return original(old_logps, *args, **kwargs)
 
-    monkeypatch.setattr(trl_bandpo.core.losses, "band_bounds", counting_band_bounds)
+    monkeypatch.setattr(trl_bandpo.core.losses, "solve_band", counting_band_bounds)
     trainer, _, _ = run_training(BandPOTrainer, BandPOConfig, tiny_model_dir, tmp_path, max_steps=4)
     generation_batches = (
         4

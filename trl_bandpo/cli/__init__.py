@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..version import __version__
 
-__all__ = ["USAGE", "main"]
+__all__ = ["USAGE", "main", "print_patched_source"]
 
 USAGE = """trl-bandpo <command> [options]
 trl-bandpo --version
@@ -24,6 +24,8 @@ commands:
   eval     mean@k and pass@k on math benchmarks
   tiny-model PATH
            save a tiny local model and problems, and print the command that runs any recipe on CPU with them
+  patched-source
+           print TRL's loss methods as trl-bandpo patches them (docs/upgrading-trl.md)
 """
 
 
@@ -54,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         from .eval import eval_main
 
         eval_main(rest)
+    elif command == "patched-source":
+        print_patched_source()
     elif command == "tiny-model":
         from .tiny_model import tiny_model_main
 
@@ -61,3 +65,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         print(f"trl-bandpo: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)
+
+
+def print_patched_source() -> None:
+    """Print each TRL method trl-bandpo runs patched (`trl_bandpo.training.trl_patches`), as it runs."""
+    import inspect
+
+    from ..training import async_trainer, trainer  # noqa: F401 - importing them applies the patches
+    from ..training.trl_patches import PATCHED_METHODS
+
+    for name, function in PATCHED_METHODS.items():
+        print(f"# {name}: {function.__code__.co_filename}\n{inspect.getsource(function)}")

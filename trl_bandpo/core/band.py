@@ -19,6 +19,8 @@ Solvers (in `trl_bandpo.core.band_solvers`; all vectorised, none synchronises wi
 `radius` is one float for every token or a tensor of per-token radii broadcastable to `old_logps`
 (docs/band-operator.md, "Per-token radius"): a tensor is checked by its metadata only (`check_radius_tensor`), never
 by reading its values, and an element that is not a finite number > 0 gives NaN bounds at its positions only.
+`band_bounds` checks its arguments at each call (`check_band_arguments`); `solve_band` is the same operator without
+the checks, for the loss registry, whose hyper-parameters their owner checked once.
 
 Accelerated solvers (the Triton kernel) live in `trl_bandpo.kernels`, which imports this module and registers
 itself with `register_kernel_solver`; this module never imports the kernels. `band_bounds(..., solver="auto")`
@@ -34,25 +36,27 @@ from dataclasses import dataclass
 import torch
 
 from .band_solvers import KL_NEWTON_STEPS, Radius, chi2_half_width, closed_form_bounds, generic_bounds, kl_bounds
+from .checks import Choice, Number
 
 __all__ = [
     "DIVERGENCES",
     "GENERATORS",
     "KL_NEWTON_STEPS",
+    "RADIUS",
+    "SOLVER",
     "SOLVERS",
+    "UPPER_MAX",
     "KernelSolver",
     "band_bounds",
+    "check_band_arguments",
     "check_divergence",
     "check_floating_tensor",
-    "check_radius",
     "check_radius_tensor",
     "check_relax",
-    "check_solver",
-    "check_upper_max",
     "register_divergence",
     "register_kernel_solver",
+    "solve_band",
     "solver_unavailable_reason",
-    "validate_band_args",
 ]
 
 
@@ -154,65 +158,54 @@ def solver_unavailable_reason(solver: str, divergence: str | Callable, device: t
     return kernel.unavailable_reason(torch.empty(0, device=device))
 
 
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_floating_tensor(value, label: str) -> torch.Tensor:
-    """`value` if it is a floating-point tensor, else a `ValueError` naming `label` and what it got: the dtype of a
+def check_floating_tensor(value, field: str) -> torch.Tensor:
+    """`value` if it is a floating-point tensor, else a `ValueError` naming `field` and what it got: the dtype of a
     tensor (``got dtype torch.int64``), the type of anything else."""
     if not torch.is_tensor(value):
-        raise ValueError(f"{label} must be a floating-point tensor, got {type(value).__name__}.")
+        raise ValueError(f"{field} must be a floating-point tensor, got {type(value).__name__}.")
     if not value.is_floating_point():
-        raise ValueError(f"{label} must be floating point, got dtype {value.dtype}.")
+        raise ValueError(f"{field} must be floating point, got dtype {value.dtype}.")
     return value
 
 
-def check_radius(value, label: str = "radius") -> float:
-    """`value` as a float if it is a finite number > 0, else a `ValueError` naming `label` (for configs and other
-    scalar radii; `check_radius_tensor` checks a tensor of per-token radii)."""
-    if torch.is_tensor(value):  # no value in the message: printing a CUDA tensor would synchronise
-        raise ValueError(f"{label} must be a finite number > 0 here, got a tensor.")
-    if not _is_real(value) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{label} must be a finite number > 0 (the trust-region size delta), got {value!r}.")
-    return float(value)
+#: The checks of `band_bounds`' scalar arguments, which the loss registry's Band hyper-parameters reuse.
+RADIUS = Number(low=0, low_open=True)
+UPPER_MAX = Number(low=1, optional=True, finite=False)
+SOLVER = Choice(SOLVERS)
+RELAX_LOW, RELAX_HIGH = Number(low=0, high=1, high_open=True), Number(low=0)
 
 
-def check_radius_tensor(value, like: torch.Tensor, label: str = "radius") -> torch.Tensor:
+def check_radius_tensor(value, like: torch.Tensor, field: str = "radius") -> torch.Tensor:
     """`value` if it is a tensor of radii `band_bounds` accepts for `old_logps = like`, else a `ValueError` naming
-    `label`: floating point, not requiring grad, on `like`'s device, broadcastable to `like.shape` (for `(B, T)`
+    `field`: floating point, not requiring grad, on `like`'s device, broadcastable to `like.shape` (for `(B, T)`
     log-probs e.g. `(B, T)`, `(B, 1)` or 0-d). Metadata only: nothing synchronises with a GPU. The values are judged
     elementwise by the solvers: NaN, infinite or <= 0 gives NaN bounds where it applies (docs/band-operator.md,
     "Per-token radius")."""
     if not torch.is_tensor(value):
-        raise ValueError(f"{label} must be a tensor here, got {type(value).__name__}.")
+        raise ValueError(f"{field} must be a tensor here, got {type(value).__name__}.")
     if not value.is_floating_point():
-        raise ValueError(f"{label} must be a floating-point tensor, got dtype {value.dtype}.")
+        raise ValueError(f"{field} must be a floating-point tensor, got dtype {value.dtype}.")
     if value.requires_grad:
-        raise ValueError(f"{label} must not require grad (the Band bounds are not differentiated): detach it.")
+        raise ValueError(f"{field} must not require grad (the Band bounds are not differentiated): detach it.")
     if value.device != like.device:
-        raise ValueError(f"{label} must be on the device of old_logps ({like.device}), got {value.device}.")
+        raise ValueError(f"{field} must be on the device of old_logps ({like.device}), got {value.device}.")
     try:
         broadcasts = torch.broadcast_shapes(value.shape, like.shape) == like.shape
     except RuntimeError:
         broadcasts = False
     if not broadcasts:
         raise ValueError(
-            f"{label} of shape {tuple(value.shape)} does not broadcast to the shape {tuple(like.shape)} of old_logps."
+            f"{field} of shape {tuple(value.shape)} does not broadcast to the shape {tuple(like.shape)} of old_logps."
         )
     return value
 
 
-def check_divergence(value, label: str = "divergence"):
-    """`value` if it names a divergence of `DIVERGENCES` or is a generator callable with `f(1) = 0`."""
+def check_divergence(value, field: str = "divergence"):
+    """`value` if it names a divergence of `GENERATORS` or is a generator callable with `f(1) = 0`."""
     if callable(value):
         _check_generator(value)
         return value
-    if not isinstance(value, str) or value not in GENERATORS:
-        raise ValueError(
-            f"{label} must be one of {list(GENERATORS)} or a convex callable f with f(1) = 0, got {value!r}."
-        )
-    return value
+    return Choice(tuple(GENERATORS))(value, field)
 
 
 def register_divergence(name: str, generator: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -227,69 +220,25 @@ def register_divergence(name: str, generator: Callable[[torch.Tensor], torch.Ten
     GENERATORS[name] = generator
 
 
-def check_solver(value, label: str = "solver") -> str:
-    """`value` if it is one of `SOLVERS`."""
-    if not isinstance(value, str) or value not in SOLVERS:
-        raise ValueError(f"{label} must be one of {list(SOLVERS)}, got {value!r}.")
-    return value
-
-
-def check_upper_max(value, label: str = "upper_max") -> float | None:
-    """`None` (no cap; the strings "none"/"null" from YAML or a command line count as None) or a number >= 1."""
-    if isinstance(value, str) and value.strip().lower() in ("none", "null"):
-        return None
-    if value is not None and (not _is_real(value) or not value >= 1):
-        raise ValueError(f"{label} must be None (no cap) or a number >= 1, got {value!r}.")
-    return None if value is None else float(value)
-
-
-def check_relax(value, label: str = "relax") -> tuple[float, float] | None:
+def check_relax(value, field: str = "relax") -> tuple[float, float] | None:
     """`None` or a pair `(eps_low, eps_high)` with `0 <= eps_low < 1` and `0 <= eps_high < inf`."""
     if value is None:
         return None
-    ok = isinstance(value, (tuple, list)) and len(value) == 2 and all(_is_real(v) for v in value)
-    if ok:
-        eps_low, eps_high = float(value[0]), float(value[1])
-        ok = 0 <= eps_low < 1 and 0 <= eps_high < math.inf
-    if not ok:
-        raise ValueError(
-            f"{label} must be None or a pair (eps_low, eps_high) with 0 <= eps_low < 1 and 0 <= eps_high < inf, "
-            f"got {value!r}."
-        )
-    return eps_low, eps_high
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError(f"{field} must be None or a pair (eps_low, eps_high), got {value!r}.")
+    return RELAX_LOW(value[0], f"{field}[0] (eps_low)"), RELAX_HIGH(value[1], f"{field}[1] (eps_high)")
 
 
-def validate_band_args(
-    radius: Radius,
-    divergence: str | Callable,
-    solver: str = "auto",
-    upper_max: float | None = None,
-    relax: tuple[float, float] | None = None,
-    *,
-    old_logps: torch.Tensor | None = None,
-) -> None:
-    """Raise `ValueError` naming the argument if any Band argument is outside what is allowed.
-
-    `radius` is a number (`check_radius`), or, only when the `old_logps` it applies to are given, a tensor of
-    per-token radii (`check_radius_tensor`: metadata only, no host synchronisation). `old_logps`, when given, must be
-    a floating-point tensor."""
-    if old_logps is not None:
-        check_floating_tensor(old_logps, "old_logps")
-    if torch.is_tensor(radius) and old_logps is not None:
-        check_radius_tensor(radius, old_logps)
-    else:
-        check_radius(radius)
-    _check_options(divergence, solver, upper_max, relax)
-
-
-def _check_options(divergence, solver, upper_max, relax) -> None:
+def check_band_arguments(old_logps, radius, divergence, solver="auto", upper_max=None, relax=None):
+    """`band_bounds`' arguments checked (a `ValueError` naming the first bad one) and normalised:
+    `(radius, upper_max, relax)`. A tensor `radius` is checked by its metadata only (`check_radius_tensor`)."""
+    check_floating_tensor(old_logps, "old_logps")
+    radius = check_radius_tensor(radius, old_logps) if torch.is_tensor(radius) else RADIUS(radius, "radius")
     check_divergence(divergence)
-    check_solver(solver)
-    if upper_max is not None:  # the strings "none"/"null" are for configs, not for this API
-        if isinstance(upper_max, str):
-            raise ValueError(f"upper_max must be None (no cap) or a number >= 1, got {upper_max!r}.")
-        check_upper_max(upper_max)
-    check_relax(relax)
+    SOLVER(solver, "solver")
+    if isinstance(upper_max, str):  # the words "none"/"null" are for configs and command lines, not this API
+        raise ValueError(f"upper_max must be {UPPER_MAX.allowed}, got {upper_max!r}.")
+    return radius, UPPER_MAX(upper_max, "upper_max"), check_relax(relax)
 
 
 def _check_generator(f: Callable) -> None:
@@ -335,18 +284,16 @@ def band_bounds(
         `(lower, upper)`: two tensors shaped like `old_logps`, float32 (float64 for float64 input), with
         `0 <= lower <= 1 <= upper <= 1/p`.
     """
+    radius, upper_max, relax = check_band_arguments(old_logps, radius, divergence, solver, upper_max, relax)
+    return solve_band(old_logps, radius, divergence, solver=solver, upper_max=upper_max, relax=relax)
+
+
+def solve_band(old_logps, radius, divergence="kl", *, solver="auto", upper_max=None, relax=None):
+    """`band_bounds` without its argument checks, for callers whose arguments their owner already checked (the
+    loss registry's Band hyper-parameters, checked once by the config or by `policy_loss`)."""
     per_token = torch.is_tensor(radius)
-    if per_token:
-        _check_options(divergence, solver, upper_max, relax)
-    else:
-        validate_band_args(radius, divergence, solver, upper_max, relax)
-    check_floating_tensor(old_logps, "old_logps")
-    if per_token:
-        check_radius_tensor(radius, old_logps)
-    else:
-        radius = float(radius)
-        if divergence == "kl":
-            radius = min(radius, KL_SATURATION_RADIUS)  # same bounds to float precision, no overflow in float32
+    if not per_token and divergence == "kl":
+        radius = min(radius, KL_SATURATION_RADIUS)  # same bounds to float precision, no overflow in float32
     compute_dtype = compute_dtype_for(old_logps.dtype)
 
     if solver != "torch":

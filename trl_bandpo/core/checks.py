@@ -78,16 +78,18 @@ class _Check:
 
 @dataclass(frozen=True)
 class Number(_Check):
-    """A finite real number in the interval from `low` to `high` (each end optional, closed unless `*_open`)."""
+    """A real number in the interval from `low` to `high` (each end optional, closed unless `*_open`); finite unless
+    `finite=False` (then an infinite end of the interval is allowed too, e.g. a cap of `inf`: no cap)."""
 
     low: float | None = None
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
     optional: bool = False
+    finite: bool = True
 
     def _accepts(self, value: Any) -> bool:
-        if not is_number(value) or not math.isfinite(value):
+        if not is_number(value) or math.isnan(value) or (self.finite and math.isinf(value)):
             return False
         above = self.low is None or (value > self.low if self.low_open else value >= self.low)
         below = self.high is None or (value < self.high if self.high_open else value <= self.high)
@@ -100,11 +102,12 @@ class Number(_Check):
         if self.low is not None and self.high is not None:
             left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
             return f"a number in {left}{_limit(self.low)}, {_limit(self.high)}{right}"
+        kind = "a finite number" if self.finite else "a number"
         if self.low is not None:
-            return f"a finite number {'>' if self.low_open else '>='} {_limit(self.low)}"
+            return f"{kind} {'>' if self.low_open else '>='} {_limit(self.low)}"
         if self.high is not None:
-            return f"a finite number {'<' if self.high_open else '<='} {_limit(self.high)}"
-        return "a finite number"
+            return f"{kind} {'<' if self.high_open else '<='} {_limit(self.high)}"
+        return kind
 
 
 @dataclass(frozen=True)

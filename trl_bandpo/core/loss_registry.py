@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import math
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -19,75 +19,21 @@ from typing import Any
 
 import torch
 
+from .band import check_floating_tensor
+from .checks import Integer, Number
+
 __all__ = [
     "DUAL_CLIP",
     "EPSILON_HIGH",
     "EPSILON_LOW",
     "Hyperparameter",
     "PolicyLossSpec",
-    "check_at_least_one",
-    "check_dual_clip",
-    "check_epsilon_high",
-    "check_epsilon_low",
-    "check_non_negative",
-    "check_power",
     "policy_bounds",
     "policy_loss",
     "policy_loss_spec",
     "register_policy_loss",
     "registered_policy_losses",
 ]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Hyper-parameter checks: (value, label) -> normalised value; a ValueError names `label` (a config field or keyword),
-# in the argument order of `trl_bandpo.core.band`'s checks
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_epsilon_low(value: Any, label: str = "epsilon_low") -> float:
-    if not _is_real(value) or not 0 <= value < 1:
-        raise ValueError(f"{label} must be a number in [0, 1), got {value!r}.")
-    return float(value)
-
-
-def check_epsilon_high(value: Any, label: str = "epsilon_high") -> float:
-    if not _is_real(value) or not 0 <= value < math.inf:
-        raise ValueError(f"{label} must be a finite number >= 0, got {value!r}.")
-    return float(value)
-
-
-def check_dual_clip(value: Any, label: str = "delta") -> float | None:
-    """TRL's dual clip `delta`: the ratio of a negative-advantage token is capped at it, so it must exceed 1 (at or
-    below 1 it would cap ratios that are inside the clip interval; 0 or less would zero every such gradient)."""
-    if value is None:
-        return None
-    if not _is_real(value) or not math.isfinite(value) or value <= 1:
-        raise ValueError(f"{label} (dual clip) must be None or a finite number > 1, got {value!r}.")
-    return float(value)
-
-
-def check_power(value: Any, label: str = "n") -> int:
-    if not _is_real(value) or not math.isfinite(value) or not float(value).is_integer() or value < 1:
-        raise ValueError(f"{label} must be an integer >= 1, got {value!r}.")
-    return int(value)
-
-
-def _check_finite_at_least(minimum: float) -> Callable[[Any, str], float]:
-    def check(value: Any, label: str = "value") -> float:
-        if not _is_real(value) or not math.isfinite(value) or value < minimum:
-            raise ValueError(f"{label} must be a finite number >= {minimum:g}, got {value!r}.")
-        return float(value)
-
-    return check
-
-
-check_at_least_one = _check_finite_at_least(1.0)
-check_non_negative = _check_finite_at_least(0.0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -103,21 +49,24 @@ class Hyperparameter:
         name: keyword argument of the loss's bounds or loss function.
         field: the `PolicyLossConfig` field it is read from (TRL's own fields included), or `None` for a keyword of
             the pure API that the trainer leaves at the function's default.
-        check: `(value, label) -> value`, the validation (and normalisation) both the config and the pure API apply;
-            its `ValueError` names `label`.
+        check: `(value, field) -> value`, its one check (`trl_bandpo.core.checks`): the config applies it to the
+            field once, when it is built; the pure API (`policy_loss`) to the keyword at each call.
         fallback_field: field read when `field` is `None` (TRL's `epsilon_high` defaults to `epsilon`).
     """
 
     name: str
     field: str | None
-    check: Callable[[str, Any], Any]
+    check: Callable[[Any, str], Any]
     fallback_field: str | None = None
 
 
-# Shared by several losses: the clip interval and TRL's dual clip.
-EPSILON_LOW = Hyperparameter("epsilon_low", "epsilon", check_epsilon_low)
-EPSILON_HIGH = Hyperparameter("epsilon_high", "epsilon_high", check_epsilon_high, fallback_field="epsilon")
-DUAL_CLIP = Hyperparameter("delta", "delta", check_dual_clip)
+# Shared by several losses: the clip interval and TRL's dual clip (above 1: at or below 1 it would cap ratios inside
+# the clip interval).
+EPSILON_LOW = Hyperparameter("epsilon_low", "epsilon", Number(low=0, high=1, high_open=True))
+EPSILON_HIGH = Hyperparameter("epsilon_high", "epsilon_high", Number(low=0), fallback_field="epsilon")
+DUAL_CLIP = Hyperparameter("delta", "delta", Number(low=1, low_open=True, optional=True))
+#: The check of an integral power such as DGPO's `n`.
+POWER = Integer(low=1)
 
 
 @dataclass(frozen=True)
@@ -129,7 +78,6 @@ class PolicyLossSpec:
         bounds: `(old_logps, **bound_kwargs) -> (lower, upper)`, floats or tensors shaped like `old_logps`.
         loss: `(log_ratio, advantages, lower, upper, **loss_kwargs) -> per-token loss`.
         hyperparameters: every keyword `bounds` and `loss` take, with the config field it is read from.
-        clipped: `True` for the clipped-surrogate family (gradient 0 where clipped; TRL's dual clip `delta`).
         metrics: optional `(log_ratio, advantages, lower, upper, mask, **loss_kwargs) -> {name: (num, den)}`, extra
             count metrics the trainer logs for this loss (docs/metrics.md).
         check: optional cross-field check `(kwargs, labels, device) -> None` run when the config is built
@@ -142,7 +90,6 @@ class PolicyLossSpec:
     bounds: Callable
     loss: Callable
     hyperparameters: tuple[Hyperparameter, ...] = ()
-    clipped: bool = False
     metrics: Callable | None = None
     check: Callable | None = None
     incompatible: Mapping[str, str] = field(default_factory=dict)
@@ -181,7 +128,7 @@ class PolicyLossSpec:
         return bound_kwargs, loss_kwargs
 
     def kwargs_from_config(self, config: Any) -> tuple[dict, dict]:
-        """`(bound_kwargs, loss_kwargs)` read from a config's fields and checked (messages name the fields)."""
+        """`(bound_kwargs, loss_kwargs)` read from a config's fields, which its owner checked when it was built."""
         kwargs = {}
         for hp in self.hyperparameters:
             if hp.field is None:
@@ -191,14 +138,13 @@ class PolicyLossSpec:
                     f"policy_loss={self.name!r} reads the config field {hp.field!r}, which {type(config).__name__} "
                     f"does not have: add it to the config class (docs/adding-a-policy-loss.md)."
                 )
-            label, value = hp.field, getattr(config, hp.field)
-            if value is None and hp.fallback_field is not None:
-                label, value = hp.fallback_field, getattr(config, hp.fallback_field)
-            kwargs[hp.name] = hp.check(value, label)
+            value = getattr(config, hp.field)
+            kwargs[hp.name] = getattr(config, hp.fallback_field) if value is None and hp.fallback_field else value
         return self.split(kwargs)
 
 
 _REGISTRY: dict[str, PolicyLossSpec] = {}
+_REGISTERED_BY: dict[str, str] = {}  # loss name -> the module that registered it
 
 
 def register_policy_loss(spec: PolicyLossSpec) -> PolicyLossSpec:
@@ -206,6 +152,7 @@ def register_policy_loss(spec: PolicyLossSpec) -> PolicyLossSpec:
     if spec.name in _REGISTRY:
         raise ValueError(f"a policy loss named {spec.name!r} is already registered.")
     _REGISTRY[spec.name] = spec
+    _REGISTERED_BY[spec.name] = sys._getframe(1).f_globals.get("__name__", "")
     return spec
 
 
@@ -218,9 +165,9 @@ def policy_loss_spec(name: str) -> PolicyLossSpec:
     """The registered `PolicyLossSpec` for `name`, or a ValueError listing the allowed names.
 
     `name` may also be an import path `package.module:loss` (as prime-rl's `import_path` and slime's custom loss
-    path): the module is imported (it registers the loss) and the loss registered as `loss` is returned.
+    path): the loss that `package.module` registered as `loss`, the module imported first.
     """
-    if isinstance(name, str) and ":" in name and name not in _REGISTRY:
+    if isinstance(name, str) and ":" in name:
         return _REGISTRY[_import_policy_loss(name)]
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ValueError(
@@ -231,22 +178,28 @@ def policy_loss_spec(name: str) -> PolicyLossSpec:
 
 
 def _import_policy_loss(path: str) -> str:
-    """Import the module of `path` (`package.module:loss`) and return the name of the loss it registered."""
+    """Import the module of `path` (`package.module:loss`) and return `loss` if that module registered it."""
     module, _, loss = path.partition(":")
     if not module or not loss or ":" in loss:
         raise ValueError(f"policy_loss={path!r}: an import path is 'package.module:loss', with one ':'.")
+    before = set(_REGISTRY)
     try:
         importlib.import_module(module)
     except Exception as error:  # noqa: BLE001 - whatever the user's module raises, name it
+        for name in set(_REGISTRY) - before:  # no half-registered loss survives a failed import
+            del _REGISTRY[name], _REGISTERED_BY[name]
         raise ValueError(
             f"policy_loss={path!r}: cannot import {module!r} ({type(error).__name__}: {error}); it must be importable "
             "from where training runs (installed, or on PYTHONPATH)."
         ) from error
-    if loss not in _REGISTRY:
+    for name in set(_REGISTRY) - before:
+        _REGISTERED_BY[name] = module  # registered while importing it, whichever helper made the call
+    if _REGISTERED_BY.get(loss) != module:
+        own = sorted(name for name, by in _REGISTERED_BY.items() if by == module)
+        elsewhere = f" ({loss!r} is registered by {_REGISTERED_BY[loss]})" if loss in _REGISTERED_BY else ""
         raise ValueError(
-            f"policy_loss={path!r}: importing {module!r} registered no policy loss named {loss!r} "
-            f"(registered: {list(_REGISTRY)}); the module must call "
-            f"register_policy_loss(PolicyLossSpec({loss!r}, ...))."
+            f"policy_loss={path!r}: {module!r} registered no policy loss named {loss!r}{elsewhere}; it registered "
+            f"{own or 'none'}. The module must call register_policy_loss(PolicyLossSpec({loss!r}, ...))."
         )
     return loss
 
@@ -297,7 +250,7 @@ def policy_bounds(name: str, old_logps: torch.Tensor, **hyperparameters):
     """The ratio bounds `(lower, upper)` the policy loss `name` uses for these old log-probs."""
     spec = policy_loss_spec(name)
     bound_kwargs, _ = _split_hyperparameters(name, spec, hyperparameters)
-    return spec.bounds(old_logps, **bound_kwargs)
+    return spec.bounds(check_floating_tensor(old_logps, "old_logps"), **bound_kwargs)
 
 
 def policy_loss(
@@ -307,30 +260,25 @@ def policy_loss(
     advantages: torch.Tensor,
     **hyperparameters,
 ) -> torch.Tensor:
-    """Per-token loss of the policy loss `name` (one of `POLICY_LOSSES`), before masking and aggregation.
+    """Per-token loss of the policy loss `name`, before masking and aggregation.
 
     Args:
-        name: "clip", "band", "relaxed_band", "dcpo", "dgpo", "gppo", "ce_gppo" or "aspo".
+        name: a registered policy loss (`registered_policy_losses()`; the built-in ones are `POLICY_LOSSES`), or an
+            import path `package.module:loss`.
         logps (`torch.Tensor` of shape `(B, T)`): current log-probs of the sampled tokens (with gradient).
         old_logps (`torch.Tensor` of shape `(B, T)`): log-probs under the policy that sampled them.
         advantages (`torch.Tensor` of shape `(B,)`, `(B, 1)` or `(B, T)`, or a number): `(B,)` is one advantage per
             sequence (TRL's shape); bools and integers count as numbers.
-        **hyperparameters: those of the loss and its bounds: `epsilon_low`, `epsilon_high` (clip family, DGPO and
-            the GPPO/ASPO baselines), `delta` (dual clip, clipped family), `radius`, `divergence`, `upper_max`,
-            `solver` (Band), `n`, `m` (DGPO), `beta1`, `beta2` (CE-GPPO), `c_pos`, `c_neg` (ASPO). Each is checked
-            as the config checks its field (docs/policy-losses.md, "Hyper-parameters"); a bad value is a
-            `ValueError` naming it.
+        **hyperparameters: the keywords of the loss and its bounds (docs/policy-losses.md lists each loss's), each
+            checked at every call by the check its config field has; a bad value is a `ValueError` naming it.
 
     Returns:
         `torch.Tensor` of shape `(B, T)`: the loss to minimise per token.
     """
     spec = policy_loss_spec(name)
     bound_kwargs, loss_kwargs = _split_hyperparameters(name, spec, hyperparameters)
-    for label, tensor in (("logps", logps), ("old_logps", old_logps)):
-        if not torch.is_tensor(tensor):
-            raise ValueError(f"{label} must be a floating-point tensor, got {type(tensor).__name__}.")
-        if not tensor.is_floating_point():
-            raise ValueError(f"{label} must be floating point, got dtype {tensor.dtype}.")
+    check_floating_tensor(logps, "logps")
+    check_floating_tensor(old_logps, "old_logps")
     advantages = _as_advantages(advantages, logps)
     lower, upper = spec.bounds(old_logps, **bound_kwargs)
     return spec.loss(logps - old_logps.detach(), advantages, lower, upper, **loss_kwargs)

@@ -29,23 +29,23 @@ from typing import Any
 import torch
 
 from .band import (
-    band_bounds,
+    RADIUS,
+    SOLVER,
+    UPPER_MAX,
     check_divergence,
-    check_radius,
-    check_solver,
-    check_upper_max,
+    check_radius_tensor,
+    solve_band,
     solver_unavailable_reason,
 )
 from .band_solvers import Radius
+from .checks import Number, none_word
 from .loss_registry import (
     DUAL_CLIP,
     EPSILON_HIGH,
     EPSILON_LOW,
+    POWER,
     Hyperparameter,
     PolicyLossSpec,
-    check_at_least_one,
-    check_non_negative,
-    check_power,
     policy_bounds,
     policy_loss,
     policy_loss_spec,
@@ -128,7 +128,15 @@ def band_policy_bounds(
     solver: str = "auto",
 ):
     """BandPO bounds (see `trl_bandpo.core.band.band_bounds`); `upper_max=10` as the BandPO authors trained."""
-    return band_bounds(old_logps, radius, divergence, solver=solver, upper_max=upper_max)
+    return _band(old_logps, radius, divergence, solver=solver, upper_max=upper_max)
+
+
+def _band(old_logps, radius, divergence, **options):
+    """The Band bounds of hyper-parameters their owner checked; a per-token radius tensor is checked here against
+    the log-probs it applies to (its shape and device: metadata only)."""
+    if torch.is_tensor(radius):
+        check_radius_tensor(radius, old_logps)
+    return solve_band(old_logps, radius, divergence, **options)
 
 
 def _dppo_bounds(old_logps, divergence, radius, radius_low, radius_high, solver):
@@ -137,9 +145,9 @@ def _dppo_bounds(old_logps, divergence, radius, radius_low, radius_high, solver)
     and `radius_high`, when given, replace `radius` on their side."""
     low = radius if radius_low is None else radius_low
     high = radius if radius_high is None else radius_high
-    lower, upper = band_bounds(old_logps, low, divergence, solver=solver)
+    lower, upper = _band(old_logps, low, divergence, solver=solver)
     if high is not low:
-        upper = band_bounds(old_logps, high, divergence, solver=solver)[1]
+        upper = _band(old_logps, high, divergence, solver=solver)[1]
     return lower, upper
 
 
@@ -178,9 +186,7 @@ def relaxed_band_bounds(
     epsilon_high: float = 0.28,
 ):
     """Relaxed Band (BandPO paper's ablation): the union of the Band and Clip-Higher intervals at every p."""
-    return band_bounds(
-        old_logps, radius, divergence, solver=solver, upper_max=upper_max, relax=(epsilon_low, epsilon_high)
-    )
+    return _band(old_logps, radius, divergence, solver=solver, upper_max=upper_max, relax=(epsilon_low, epsilon_high))
 
 
 def dcpo_bounds(
@@ -419,43 +425,41 @@ def dgpo_metrics(
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def check_radius_value(value: Any, label: str = "radius") -> Radius:
-    """A radius: a finite number > 0 (`check_radius`), or, in the pure API, a floating tensor of per-token radii
-    (checked against the old log-probs by `band_bounds`, by its metadata only: docs/band-operator.md, "Per-token
-    radius")."""
-    if torch.is_tensor(value):
-        if not value.is_floating_point() or value.requires_grad:
-            raise ValueError(
-                f"{label} must be a number or a floating-point tensor that does not require grad, got a tensor of "
-                f"dtype {value.dtype}{' requiring grad' if value.requires_grad else ''}."
-            )
-        return value
-    return check_radius(value, label)
+def check_radius_value(value: Any, field: str = "radius") -> Radius:
+    """A radius: a finite number > 0, or, in the pure API, a floating tensor of per-token radii that does not require
+    grad and holds a finite number > 0 at every element (one host read: a bad radius would silently turn the Band's
+    bounds to NaN and DPPO's mask off; the shape and device are checked against the old log-probs by the bounds)."""
+    if not torch.is_tensor(value):
+        return RADIUS(value, field)
+    if not value.is_floating_point() or value.requires_grad:
+        raise ValueError(
+            f"{field} must be a number or a floating-point tensor that does not require grad, got a tensor of "
+            f"dtype {value.dtype}{' requiring grad' if value.requires_grad else ''}."
+        )
+    bad = ~(torch.isfinite(value) & (value > 0))
+    if bool(bad.any()):
+        raise ValueError(
+            f"{field} must be a finite number > 0 at every token, got a tensor with {int(bad.sum())} element(s) that "
+            f"are not (e.g. {value[bad][0].item()!r})."
+        )
+    return value
 
 
-def check_optional_radius(value: Any, label: str = "radius") -> Radius | None:
-    """`None` (the strings "none"/"null" from YAML or a command line count as None) or a radius."""
-    if value is None or isinstance(value, str) and value.strip().lower() in ("none", "null"):
-        return None
-    return check_radius_value(value, label)
+def check_optional_radius(value: Any, field: str = "radius") -> Radius | None:
+    """`None` (or the word "none"/"null") or a radius (`check_radius_value`)."""
+    return None if none_word(value) is None else check_radius_value(value, field)
 
 
-def check_ratio_cap(value: Any, label: str = "ratio_cap") -> float | None:
-    """DPPO's truncation `C` of the importance weight: `None` (no truncation; "none"/"null" too) or a number >= 1
-    (below 1 it would shrink the weight of tokens that did not move)."""
-    if value is None or isinstance(value, str) and value.strip().lower() in ("none", "null"):
-        return None
-    real = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not real or not math.isfinite(value) or value < 1:
-        raise ValueError(f"{label} must be None (no truncation) or a finite number >= 1, got {value!r}.")
-    return float(value)
+#: DPPO's truncation `C` of the importance weight: None (no truncation) or >= 1 (below 1 it would shrink the weight
+#: of tokens that did not move), and finite in float32, where the weights are computed.
+RATIO_CAP = Number(low=1, high=float(torch.finfo(torch.float32).max), optional=True)
 
 
 BAND = (
     Hyperparameter("radius", "band_radius", check_radius_value),
     Hyperparameter("divergence", "band_divergence", check_divergence),
-    Hyperparameter("upper_max", "band_upper_max", check_upper_max),
-    Hyperparameter("solver", "band_solver", check_solver),
+    Hyperparameter("upper_max", "band_upper_max", UPPER_MAX),
+    Hyperparameter("solver", "band_solver", SOLVER),
 )
 
 
@@ -479,14 +483,13 @@ _NO_DUAL_CLIP = {
     **_TOKEN_LEVEL_ONLY,
     "delta": "the dual clip applies to the clipped losses only; this one sets its own weights outside the clip range",
 }
-register_policy_loss(PolicyLossSpec("clip", clip_bounds, clipped_surrogate_loss, (*_CLIP, DUAL_CLIP), clipped=True))
+register_policy_loss(PolicyLossSpec("clip", clip_bounds, clipped_surrogate_loss, (*_CLIP, DUAL_CLIP)))
 register_policy_loss(
     PolicyLossSpec(
         "band",
         band_policy_bounds,
         clipped_surrogate_loss,
         (*BAND, DUAL_CLIP),
-        clipped=True,
         check=_check_band_solver_runs,
         incompatible=_TOKEN_LEVEL_ONLY,
     )
@@ -497,7 +500,6 @@ register_policy_loss(
         relaxed_band_bounds,
         clipped_surrogate_loss,
         (*BAND, *_CLIP, DUAL_CLIP),
-        clipped=True,
         check=_check_band_solver_runs,
         incompatible=_TOKEN_LEVEL_ONLY,
     )
@@ -508,8 +510,7 @@ register_policy_loss(
         dcpo_bounds,
         clipped_surrogate_loss,
         # DCPO keeps its own cap (10) in training: band_upper_max is the Band's, not DCPO's.
-        (*_CLIP, Hyperparameter("upper_max", None, check_upper_max), DUAL_CLIP),
-        clipped=True,
+        (*_CLIP, Hyperparameter("upper_max", None, UPPER_MAX), DUAL_CLIP),
         incompatible=_TOKEN_LEVEL_ONLY,
     )
 )
@@ -518,7 +519,7 @@ register_policy_loss(
         "dgpo",
         clip_bounds,
         dgpo_loss,
-        (*_CLIP, Hyperparameter("n", "dgpo_n", check_power), Hyperparameter("m", "dgpo_m", check_at_least_one)),
+        (*_CLIP, Hyperparameter("n", "dgpo_n", POWER), Hyperparameter("m", "dgpo_m", Number(low=1))),
         metrics=dgpo_metrics,
         incompatible=_NO_DUAL_CLIP,
     )
@@ -530,7 +531,7 @@ register_policy_loss(
         "band_dgpo",
         band_policy_bounds,
         dgpo_loss,
-        (*BAND, Hyperparameter("n", "dgpo_n", check_power), Hyperparameter("m", "dgpo_m", check_at_least_one)),
+        (*BAND, Hyperparameter("n", "dgpo_n", POWER), Hyperparameter("m", "dgpo_m", Number(low=1))),
         metrics=dgpo_metrics,
         check=_check_band_solver_runs,
         incompatible=_NO_DUAL_CLIP,
@@ -545,8 +546,8 @@ register_policy_loss(
         ce_gppo_loss,
         (
             *_CLIP,
-            Hyperparameter("beta1", "ce_gppo_beta1", check_non_negative),
-            Hyperparameter("beta2", "ce_gppo_beta2", check_non_negative),
+            Hyperparameter("beta1", "ce_gppo_beta1", Number(low=0)),
+            Hyperparameter("beta2", "ce_gppo_beta2", Number(low=0)),
         ),
         incompatible=_NO_DUAL_CLIP,
     )
@@ -558,20 +559,19 @@ register_policy_loss(
         aspo_loss,
         (
             *_CLIP,
-            Hyperparameter("c_pos", "aspo_c_pos", check_at_least_one),
-            Hyperparameter("c_neg", "aspo_c_neg", check_at_least_one),
+            Hyperparameter("c_pos", "aspo_c_pos", Number(low=1)),
+            Hyperparameter("c_neg", "aspo_c_neg", Number(low=1)),
         ),
         incompatible=_NO_DUAL_CLIP,
     )
 )
 
-#: The built-in policy losses (`registered_policy_losses()` also lists any registered later).
 # DPPO-Binary (Qi et al., 2026): the Band region of TV or KL without a cap, masking instead of clipping, and a
 # truncated importance weight (docs/band-and-dppo.md). Radii as the authors trained: 0.15 (TV), 0.05 (KL).
 _DPPO_SIDES = (
     Hyperparameter("radius_low", "dppo_radius_low", check_optional_radius),
     Hyperparameter("radius_high", "dppo_radius_high", check_optional_radius),
-    Hyperparameter("ratio_cap", "dppo_ratio_cap", check_ratio_cap),
+    Hyperparameter("ratio_cap", "dppo_ratio_cap", RATIO_CAP),
 )
 register_policy_loss(
     PolicyLossSpec(
@@ -591,7 +591,7 @@ register_policy_loss(
         (
             Hyperparameter("radius", "dppo_kl_radius", check_radius_value),
             *_DPPO_SIDES,
-            Hyperparameter("solver", "band_solver", check_solver),
+            Hyperparameter("solver", "band_solver", SOLVER),
         ),
         metrics=dppo_metrics,
         check=_check_band_solver_runs,
@@ -599,4 +599,5 @@ register_policy_loss(
     )
 )
 
+#: The built-in policy losses (`registered_policy_losses()` also lists any registered later).
 POLICY_LOSSES = tuple(registered_policy_losses())

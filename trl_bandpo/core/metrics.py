@@ -1,5 +1,4 @@
-"""Count metrics of the clipping behaviour (definitions: docs/metrics.md): the counts as pure tensor functions, and
-the trainer mixin that accumulates and logs them.
+"""Count metrics of the clipping behaviour (definitions: docs/metrics.md), as pure tensor functions.
 
 Each metric is a `(numerator, denominator)` pair of scalar tensors: the trainer sums both over accumulation steps
 and processes and divides once at logging (a ratio of sums, never a mean of means; docs/metrics.md, "How values are
@@ -8,18 +7,24 @@ aggregated").
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 
-__all__ = ["PROB_BUCKET_EDGES", "TAIL_PROBABILITY", "CountMetrics", "clip_counts", "probability_buckets"]
+__all__ = ["LAG_BUCKETS", "PROB_BUCKET_EDGES", "TAIL_PROBABILITY", "clip_counts", "lag_buckets", "probability_buckets"]
 
 #: Old-token-probability bucket edges of the `clip_ratio_by_prob/*` metrics.
 PROB_BUCKET_EDGES = (0.2, 0.4, 0.6, 0.8)
 #: Tokens whose old probability is below this are "tail" tokens (BandPO Figure 3(b)).
 TAIL_PROBABILITY = 0.2
 
+#: Model-version lag buckets of the `clip_ratio_by_lag/*` metrics of the asynchronous trainers: lag 0, 1, 2, 3 or more.
+LAG_BUCKETS = ("0", "1", "2", "3+")
+
 Counts = dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def lag_buckets(lag: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Boolean masks of the `LAG_BUCKETS` of `lag` (NaN, an unknown lag, is in none)."""
+    return {"0": lag == 0, "1": lag == 1, "2": lag == 2, "3+": lag >= 3}
 
 
 def probability_buckets(old_probs: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -77,28 +82,3 @@ def clip_counts(
         counts[f"clip_ratio_by_prob/low/{name}"] = ((is_low * in_bucket).sum(), in_bucket.sum())
         counts[f"clip_ratio_by_prob/high/{name}"] = ((is_high * in_bucket).sum(), in_bucket.sum())
     return counts
-
-
-class CountMetrics:
-    """Mixin for `GRPOTrainer` subclasses: `_add_counts(mode, {name: (num, den)})` accumulates, `log` divides."""
-
-    @property
-    def _count_metrics(self) -> dict:
-        if not hasattr(self, "_count_metrics_store"):
-            self._count_metrics_store = {mode: defaultdict(lambda: [0.0, 0.0]) for mode in ("train", "eval")}
-        return self._count_metrics_store
-
-    def _add_counts(self, mode: str, counts: dict) -> None:
-        stacked = torch.stack([torch.stack([num.double(), den.double()]) for num, den in counts.values()])
-        totals = self.accelerator.reduce(stacked, reduction="sum").tolist()  # one collective for all of them
-        accumulated = self._count_metrics[mode]
-        for name, (num, den) in zip(counts, totals):
-            accumulated[name][0] += num
-            accumulated[name][1] += den
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        mode = "train" if self.model.training else "eval"
-        for name, (num, den) in self._count_metrics[mode].items():
-            self._metrics[mode][name] = [num / den if den > 0 else float("nan")]
-        self._count_metrics[mode].clear()
-        super().log(logs, start_time)

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core.band import KL_SATURATION_RADIUS, compute_dtype_for, validate_band_args
+from ..core.band import KL_SATURATION_RADIUS, compute_dtype_for
 from ..core.band_solvers import KL_NEWTON_STEPS
 from .runtime import interpreter_enabled
 
@@ -148,7 +148,7 @@ def _band_kl_kernel(
     x = tl.load(logp_ptr + offsets, mask=mask, other=0.0).to(COMPUTE_DTYPE)
     if RADIUS_MODE == 0:
         # Scalars arrive as fp64 and are rounded once to the compute dtype, as torch does with Python scalars.
-        radius = tl.full([BLOCK_SIZE], radius_arg, COMPUTE_DTYPE)  # checked on the host (`check_radius`)
+        radius = tl.full([BLOCK_SIZE], radius_arg, COMPUTE_DTYPE)  # checked on the host by `band_bounds`
     else:
         # Stride 0 (one radius) or 1 (per element). Checked before rounding, as the torch solver does: NaN, +-inf
         # and <= 0 fail (inf - inf is NaN); a failing radius is solved as 1 and its bounds are NaN below.
@@ -286,7 +286,8 @@ def band_bounds_kl_triton(
     upper_max: Optional[float] = None,
     relax: Optional[tuple[float, float]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """KL Band bounds `(lower, upper)` from the fused kernel, same semantics as `band_bounds(..., "kl")`.
+    """KL Band bounds `(lower, upper)` from the fused kernel, same semantics as `band_bounds(..., "kl")`, whose checks
+    the arguments have passed (this is its registered solver).
 
     Args:
         old_logps (`torch.Tensor`, any shape, fp16/bf16/fp32/fp64, on CUDA): `log pi_old(a|s)`.
@@ -299,7 +300,6 @@ def band_bounds_kl_triton(
     Returns:
         `(lower, upper)` shaped like `old_logps`, float32 (float64 for float64 input).
     """
-    validate_band_args(radius, "kl", "triton", upper_max, relax, old_logps=old_logps)
     relax_low, relax_high = (None, None) if relax is None else (float(relax[0]), float(relax[1]))
     upper_max = None if upper_max is None else float(upper_max)
     if torch.is_tensor(radius):  # the float `radius` of the op is then unused

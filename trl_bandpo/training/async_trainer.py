@@ -6,20 +6,20 @@ on rollout samples that a vLLM server generated with an earlier version of the p
 log-probs it was sampled with (`old_log_probs`): they are the old policy of the ratio, and the bounds of the selected
 loss are computed from them, per micro-batch.
 
-`AsyncPolicyLossTrainer.compute_loss` is TRL 1.16's `AsyncGRPOTrainer.compute_loss`, statements and comments verbatim,
-with our changes in fenced blocks (`# trl-bandpo: <why>` ... `# trl-bandpo end`), as in `trainer.py`: the policy term
-is the registered loss, the clip ratios use the bounds in force, and our count and staleness metrics are added.
-`tests/test_async_trainer.py` diffs the method against the installed TRL's outside the fences, and checks that with
-`policy_loss="clip"` the loss, gradients and metrics equal AsyncGRPOTrainer's.
+`AsyncPolicyLossTrainer.compute_loss` is TRL's `AsyncGRPOTrainer.compute_loss` with our changes applied as patches at
+import (`trl_bandpo.training.trl_patches`, as `trainer.py` does for the synchronous trainer): the policy term is the
+registered loss, the clip ratios use the bounds in force, and our count and staleness metrics are added.
+`tests/test_async_trainer.py` checks that with `policy_loss="clip"` the loss, gradients and metrics equal
+AsyncGRPOTrainer's.
 
 Staleness. TRL tags each rollout sample with the model version that generated it, and drops the tag when it packs
 samples into a micro-batch. Two thin wrappers carry it to the loss, unchanged otherwise: the trainer reads the rollout
 queue through `_VersionTaggingQueue` (each sample's version rides in its per-sample metrics), and TRL's collator is
 followed by a step that takes the version back out and adds each sample's lag to the batch.
 
-The configs add our fields to `AsyncGRPOConfig`, each copied from `PolicyLossConfig` (default, help, choices): the
-policy loss and every field a registered loss reads that `AsyncGRPOConfig` lacks. They are checked by
-`PolicyLossConfig`'s own checks and the loss registry.
+The configs add our fields to `AsyncGRPOConfig`, each copied from `PolicyLossConfig` (default, help, choices, check):
+the policy loss and every field a registered loss reads that `AsyncGRPOConfig` lacks, checked by the same functions
+as the synchronous configs (`check_fields`, `check_settings`), so both families refuse the same values.
 """
 
 from __future__ import annotations
@@ -27,41 +27,37 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import time
+import os
 from dataclasses import dataclass, field
 
 import torch
-from transformers.utils import logging
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
-from trl.trainer.utils import nanmax, nanmin, pad
+from trl.trainer.utils import pad
 
-from ..core.losses import policy_loss_spec
-from ..core.metrics import clip_counts
+from ..core.metrics import lag_buckets
 from .configs import (
+    BANDPO_PAPER,
+    DGPO_PAPER,
     BandPOConfig,
     DGPOConfig,
     PolicyLossConfig,
     _loss_fields,
-    with_policy_loss_fields,
+    check_fields,
+    check_settings,
 )
-from .trainer import BandPOTrainer, DGPOTrainer, PolicyLossTrainer
+from .policy_term import PolicyTerm
+from .trl_patches import Patch, patch_method
 
 __all__ = [
-    "LAG_BUCKETS",
+    "COMPUTE_LOSS_PATCHES",
     "AsyncBandPOConfig",
     "AsyncBandPOTrainer",
     "AsyncDGPOConfig",
     "AsyncDGPOTrainer",
     "AsyncPolicyLossConfig",
     "AsyncPolicyLossTrainer",
-    "lag_buckets",
 ]
-
-logger = logging.get_logger(__name__)
-
-#: Model-version lag buckets of the `clip_ratio_by_lag/*` metrics: lag 0, 1, 2, and 3 or more.
-LAG_BUCKETS = ("0", "1", "2", "3+")
 
 # Per-sample metrics key that carries a sample's model version from the rollout queue to the collator.
 _VERSION_KEY = "trl_bandpo/model_version"
@@ -71,16 +67,11 @@ _LAG_KEY = "trl_bandpo/sample_lag"
 _LAG_STEP_KEY = "trl_bandpo/lag_step"
 
 
-def lag_buckets(lag: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Boolean masks of the `LAG_BUCKETS` of `lag` (NaN, an unknown lag, is in none)."""
-    return {"0": lag == 0, "1": lag == 1, "2": lag == 2, "3+": lag >= 3}
-
-
 # -- configs ----------------------------------------------------------------------------------------------------------
 
 
 def _copy_field(config_class, name: str):
-    """`config_class`'s field `name` (default, help, choices) for another dataclass."""
+    """`config_class`'s field `name` (default, help, choices, check) for another dataclass."""
     source = {f.name: f for f in dataclasses.fields(config_class)}[name]
     return field(default=source.default, metadata=source.metadata)
 
@@ -117,12 +108,10 @@ class AsyncPolicyLossConfig(PolicyLossFields, AsyncGRPOConfig):
     """
 
     def __post_init__(self):
-        # Our checks first: a bad value of ours must not hide behind a TRL error.
-        spec = policy_loss_spec(self.policy_loss)  # raises ValueError naming the allowed values
-        PolicyLossConfig._check_hyperparameters(self)  # every field a registered loss reads, as PolicyLossConfig
+        # Our checks first, as PolicyLossConfig's: a bad value of ours must not hide behind a TRL error.
+        check_fields(self)
         super().__post_init__()
-        PolicyLossConfig._check_selected_loss(self, spec)
-        PolicyLossConfig._warn_unused_fields(self, spec)
+        check_settings(self)
 
 
 @dataclass
@@ -169,14 +158,56 @@ class _VersionTaggingQueue:
 # -- the trainers -----------------------------------------------------------------------------------------------------
 
 
-class AsyncPolicyLossTrainer(AsyncGRPOTrainer):
+#: Our changes to `AsyncGRPOTrainer.compute_loss` (TRL 1.16), applied to the installed TRL's source at import.
+COMPUTE_LOSS_PATCHES = (
+    Patch(
+        "bounds",
+        "the registered policy loss replaces TRL's clip: its bounds, from the rollout's old log-probs",
+        target="coef_2 = torch.clamp(coef_1,",
+        code="lower, upper = self._policy_bounds(old_log_probs)",
+    ),
+    Patch("clipped term", "replaced by the registered loss", target="per_token_loss1 =", code=""),
+    Patch("unclipped term", "replaced by the registered loss", target="per_token_loss2 =", code=""),
+    Patch(
+        "policy term",
+        "the registered policy loss in place of TRL's clip",
+        target="per_token_loss = -torch.min(",
+        code="per_token_loss = self._per_token_policy_loss(log_ratio, advantages, lower, upper)",
+    ),
+    Patch(
+        "low clip ratio",
+        "the clip ratios are measured against the bounds in force, not 1 - epsilon",
+        target="is_low_clipped =",
+        code="is_low_clipped = (coef_1 < torch.as_tensor(lower, device=coef_1.device)) & (advantages < 0)",
+    ),
+    Patch(
+        "high clip ratio",
+        "the clip ratios are measured against the bounds in force, not 1 + epsilon",
+        target="is_high_clipped =",
+        code="is_high_clipped = (coef_1 > torch.as_tensor(upper, device=coef_1.device)) & (advantages > 0)",
+    ),
+    Patch(
+        "count and staleness metrics",
+        "our count metrics (docs/metrics.md) and staleness metrics (docs/off-policy-and-async.md)",
+        target='self._metrics["train"]["clip_ratio/high_max"]',
+        code="self._add_policy_metrics(\n"
+        "    inputs, segment_id, old_log_probs, log_ratio, coef_1, advantages, lower, upper\n)",
+        where="after",
+    ),
+)
+_compute_loss = patch_method(AsyncGRPOTrainer, "compute_loss", COMPUTE_LOSS_PATCHES)
+
+
+class AsyncPolicyLossTrainer(PolicyTerm, AsyncGRPOTrainer):
     """`AsyncGRPOTrainer` whose per-token policy term is `args.policy_loss` (see [`AsyncPolicyLossConfig`]).
 
     Everything else is AsyncGRPOTrainer's: pass the same arguments (`model`, `reward_funcs`, `train_dataset`,
-    `rollout_worker`, `weight_transfer`, ...). The bounds come from each sample's rollout log-probs.
+    `rollout_worker`, `weight_transfer`, ...); `args` may be any `AsyncGRPOConfig` (our settings then take
+    `config_class`'s defaults). The bounds come from each sample's rollout log-probs.
     """
 
     config_class = AsyncPolicyLossConfig
+    trl_config_class = AsyncGRPOConfig
     _tag_names = ["trl", "async-grpo", "trl-bandpo"]
 
     # The same parameters, in the same order, with the same defaults as AsyncGRPOTrainer.__init__ (TRL 1.16).
@@ -195,45 +226,25 @@ class AsyncPolicyLossTrainer(AsyncGRPOTrainer):
         rollout_worker=None,
         weight_transfer=None,
     ):
-        if args is None:
-            method = self.config_class.__name__.removesuffix("Config")
-            args = self.config_class(f"{model.split('/')[-1]}-{method}")
-        if not isinstance(args, AsyncPolicyLossConfig):
-            if not isinstance(args, AsyncGRPOConfig):
-                raise TypeError(
-                    f"{type(self).__name__} needs an AsyncGRPOConfig ({self.config_class.__name__}, or any "
-                    f"AsyncGRPOConfig subclass), got {type(args).__name__}."
-                )
-            given = type(args).__name__
-            args = with_policy_loss_fields(args, self.config_class)
-            logger.warning_once(
-                f"{type(self).__name__} got a {given}: it keeps its fields and values and adds "
-                f"{self.config_class.__name__}'s with their defaults (policy_loss={args.policy_loss!r}). To set them, "
-                f"derive your config from {self.config_class.__name__} instead of AsyncGRPOConfig."
+        if not isinstance(model, (str, os.PathLike)):
+            raise TypeError(
+                f"{type(self).__name__} takes the model as a hub id or a local folder (TRL's asynchronous trainer "
+                f"loads it itself, with its tree attention), got a {type(model).__name__}: save it with "
+                "model.save_pretrained(folder) and pass the folder."
             )
-        super().__init__(
-            model,
-            reward_funcs,
-            args=args,
-            train_dataset=train_dataset,
-            processing_class=processing_class,
-            callbacks=callbacks,
-            optimizers=optimizers,
-            peft_config=peft_config,
-            tools=tools,
-            environment_factory=environment_factory,
-            rollout_worker=rollout_worker,
+        model = os.fspath(model)
+        args = self._setup_policy_term(model, args)
+        self._call_with_warnings_at_the_callers_line(
+            super().__init__, model, reward_funcs, args=args, train_dataset=train_dataset,
+            processing_class=processing_class, callbacks=callbacks, optimizers=optimizers, peft_config=peft_config,
+            tools=tools, environment_factory=environment_factory, rollout_worker=rollout_worker,
             weight_transfer=weight_transfer,
-        )
-        self.policy_loss = args.policy_loss
-        self._policy = policy_loss_spec(args.policy_loss)
-        self._policy_bound_kwargs, self._policy_loss_kwargs = self._policy.kwargs_from_config(args)
+        )  # fmt: skip
         if self.rollout_queue is not None:  # the main process reads the rollout samples
             self.rollout_queue = _VersionTaggingQueue(self.rollout_queue)
 
-    # The policy term and its bounds: PolicyLossTrainer's (one source for both trainers).
-    _policy_bounds = PolicyLossTrainer._policy_bounds
-    _per_token_policy_loss = PolicyLossTrainer._per_token_policy_loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        return _compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
 
     # -- staleness: the lag of each sample, packed with the micro-batch --------------------------------------------
 
@@ -272,173 +283,22 @@ class AsyncPolicyLossTrainer(AsyncGRPOTrainer):
         packed_at = torch.div(inputs[_LAG_STEP_KEY][0], every, rounding_mode="floor")
         return inputs[_LAG_KEY][0] + (self.state.global_step // every - packed_at)
 
-    # -- our metrics -------------------------------------------------------------------------------------------------
-
     def _add_policy_metrics(self, inputs, segment_id, old_log_probs, log_ratio, coef_1, advantages, lower, upper):
-        """Count metrics (docs/metrics.md) and staleness metrics (docs/off-policy-and-async.md), as `(numerator,
-        denominator)` pairs summed over processes: the trainer's log divides their sums over the logging window."""
-        lower_t, upper_t = (torch.as_tensor(bound, device=coef_1.device) for bound in (lower, upper))
+        """Count metrics (docs/metrics.md) and staleness metrics (docs/off-policy-and-async.md) of this micro-batch,
+        summed over processes and the logging window."""
         mask = torch.ones_like(old_log_probs)
-        counts = clip_counts(old_log_probs, coef_1, advantages, lower_t, upper_t, mask)
-        if self._policy.metrics is not None:
-            counts.update(
-                self._policy.metrics(log_ratio.detach(), advantages, lower, upper, mask, **self._policy_loss_kwargs)
-            )
+        counts = self._policy_counts(old_log_probs, coef_1, log_ratio, advantages, lower, upper, mask)
         lags = self._sample_lags(inputs)
         if lags is not None:
             known = ~torch.isnan(lags)
             counts["staleness/lag_mean"] = (torch.where(known, lags, 0.0).sum(), known.sum())
+            lower_t, upper_t = (torch.as_tensor(bound, device=coef_1.device) for bound in (lower, upper))
             clipped = ((coef_1 < lower_t) & (advantages < 0)) | ((coef_1 > upper_t) & (advantages > 0))
             for name, in_bucket in lag_buckets(lags[segment_id]).items():
                 counts[f"clip_ratio_by_lag/{name}"] = ((clipped & in_bucket).sum(), in_bucket.sum())
-        stacked = torch.stack([torch.stack([num.double(), den.double()]) for num, den in counts.values()])
-        totals = self.accelerator.reduce(stacked, reduction="sum").tolist()  # one collective for all of them
-        for name, (num, den) in zip(counts, totals):
-            self._metrics["train"][name].append((num, den))
-        if lags is not None:
             local_max = torch.where(known, lags, -math.inf).max().reshape(1)
             self._metrics["train"]["staleness/lag_max"].append(self.accelerator.gather(local_max).max().item())
-
-    # -- the loss: TRL 1.16's AsyncGRPOTrainer.compute_loss, verbatim but for the fenced blocks -------------------
-    # Copyright 2020-2026 The HuggingFace Team (Apache-2.0). Each change of ours sits between a
-    # `# trl-bandpo: <why>` line and a `# trl-bandpo end` line; tests/test_async_trainer.py diffs the rest against
-    # the installed TRL (docs/upgrading-trl.md).
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        mask_bool = inputs["attention_mask"].bool()
-        selected = inputs["token_index"] >= 0
-        input_ids = inputs["input_ids"][mask_bool].unsqueeze(0)
-        position_ids = inputs["position_ids"][mask_bool].unsqueeze(0)
-        shift_labels = inputs["shift_labels"][mask_bool].unsqueeze(0)
-        token_index = inputs["token_index"][selected]
-        old_log_probs = inputs["old_log_probs"][selected]
-        advantages = inputs["advantages"][selected]
-        segment_id = inputs["segment_id"][selected]
-        tree_kwargs = {
-            key: inputs[key][inputs[key] >= 0] for key in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")
-        }
-        tree_kwargs["tree_max_seqlen_q"], tree_kwargs["tree_max_seqlen_k"] = inputs["tree_max_seqlens"][0].tolist()
-
-        forward_start = time.time()
-        # MoE models: request router logits so the forward returns the load-balancing loss
-        router_kwargs = {"output_router_logits": True} if self.aux_loss_enabled else {}
-        outputs = model(
-            input_ids=input_ids,
-            position_ids=position_ids,
-            shift_labels=shift_labels,
-            fused_lm_head=True,
-            **router_kwargs,
-            **tree_kwargs,
-        )
-        log_probs = outputs.log_probs.flatten()[token_index]
-        entropy = outputs.entropy.flatten()[token_index]
-        self._last_forward_time_s = time.time() - forward_start
-
-        log_ratio = log_probs - old_log_probs
-        coef_1 = torch.exp(log_ratio)
-        # trl-bandpo: the registered policy loss in place of TRL's clip; its bounds from the rollout's old log-probs
-        lower, upper = self._policy_bounds(old_log_probs)
-        per_token_loss = self._per_token_policy_loss(log_ratio, advantages, lower, upper)
-        # trl-bandpo end
-
-        # DDP/FSDP averages gradients across ranks (world_size).
-        # To get correct per-token normalization we scale by 1/tokens_per_rank
-        # = world_size / global_n_tokens, so after DDP averaging the effective
-        loss = per_token_loss.sum()
-        global_n_tokens = inputs["global_n_tokens"][0]
-        world_size = self.accelerator.num_processes
-        tokens_per_rank = (global_n_tokens / world_size).clamp(min=1.0)
-        loss = loss / tokens_per_rank.to(torch.float32)
-        # For DAPO, we would scale like this instead:
-        # loss = loss / max(per_token_loss.size(0), 1)
-        loss = loss / self.current_gradient_accumulation_steps
-
-        # The policy loss above is scaled for gradient accumulation (HF auto-scaling is off here), so scale aux too
-        if self.aux_loss_enabled:
-            aux_loss = outputs.aux_loss
-            loss = loss + self.router_aux_loss_coef * aux_loss / self.current_gradient_accumulation_steps
-
-        with torch.no_grad():
-            local_ratio_sum = coef_1.sum()
-            local_count = torch.full_like(local_ratio_sum, float(log_probs.numel()))
-            # Approx KL: http://joschu.net/blog/kl-approx.html
-            local_kl_sum = ((coef_1 - 1) - log_ratio).sum()
-            local_entropy_sum = entropy.sum()
-
-            # Compute the clipped probability ratios
-            # trl-bandpo: clipped against the bounds in force, not 1 -/+ epsilon
-            lower_t, upper_t = (torch.as_tensor(bound, device=coef_1.device) for bound in (lower, upper))
-            is_low_clipped = (coef_1 < lower_t) & (advantages < 0)
-            is_high_clipped = (coef_1 > upper_t) & (advantages > 0)
-            # trl-bandpo end
-            is_region_clipped = is_low_clipped | is_high_clipped
-            local_low_clip_sum = is_low_clipped.float().sum()
-            local_high_clip_sum = is_high_clipped.float().sum()
-            local_region_clip_sum = is_region_clipped.float().sum()
-
-            # Batch all-reduce: [ratio_sum, kl_sum, entropy_sum, low_clip_sum, high_clip_sum, region_clip_sum, count]
-            stats = torch.stack(
-                [
-                    local_ratio_sum,
-                    local_kl_sum,
-                    local_entropy_sum,
-                    local_low_clip_sum,
-                    local_high_clip_sum,
-                    local_region_clip_sum,
-                    local_count,
-                ]
-            )
-            stats = self.accelerator.reduce(stats, reduction="sum")
-            (
-                global_ratio_sum,
-                global_kl_sum,
-                global_entropy_sum,
-                global_low_clip_sum,
-                global_high_clip_sum,
-                global_region_clip_sum,
-                global_count,
-            ) = stats.unbind(0)
-            self._metrics["train"]["ratio"].append((global_ratio_sum / global_count).item())
-            self._metrics["train"]["kl"].append((global_kl_sum / global_count).item())
-            self._metrics["train"]["entropy"].append((global_entropy_sum / global_count).item())
-            self._metrics["train"]["clip_ratio/low_mean"].append((global_low_clip_sum / global_count).item())
-            self._metrics["train"]["clip_ratio/high_mean"].append((global_high_clip_sum / global_count).item())
-            self._metrics["train"]["clip_ratio/region_mean"].append((global_region_clip_sum / global_count).item())
-
-            num_seq = int(segment_id.max()) + 1  # completions in this rank's row
-
-            def seg_sum(vals):  # per-completion segment sum over the flat selection
-                return torch.zeros(num_seq, device=vals.device).index_add_(0, segment_id, vals)
-
-            seq_tokens = seg_sum(torch.ones_like(coef_1, dtype=torch.float32))
-            seq_low = seg_sum(is_low_clipped.float())
-            seq_high = seg_sum(is_high_clipped.float())
-            per_seq_low = seq_low / seq_tokens  # NaN for a completion with no valid tokens; ignored by nan-aware min
-            per_seq_high = seq_high / seq_tokens
-            gathered_low_min = self.accelerator.gather(nanmin(per_seq_low))
-            gathered_high_max = self.accelerator.gather(nanmax(per_seq_high))
-            self._metrics["train"]["clip_ratio/low_min"].append(nanmin(gathered_low_min).item())
-            self._metrics["train"]["clip_ratio/high_max"].append(nanmax(gathered_high_max).item())
-            # trl-bandpo: count metrics (docs/metrics.md) and staleness metrics (docs/off-policy-and-async.md)
-            self._add_policy_metrics(inputs, segment_id, old_log_probs, log_ratio, coef_1, advantages, lower, upper)
-            # trl-bandpo end
-
-            if self.aux_loss_enabled:
-                gathered_aux = self.accelerator.reduce(aux_loss.detach().to(torch.float32), reduction="sum")
-                self._metrics["train"]["aux_loss"].append((gathered_aux / world_size).item())
-
-        # Per-step accounting, accumulated across the micro-batches of one optimizer step and flushed in
-        # `training_step`. The counts are batch-wide (the collator broadcasts one value per rank), so they are read off
-        # rank-local inputs without a collective. Sample rewards and packing metrics are NOT gathered here — rank 0
-        # already logged them in the collator.
-        n_forward_tokens = float(inputs["global_n_forward_tokens"][0])
-        mean_seq_len = float(inputs["mean_seq_len"][0])
-        self._step_forward_tokens += n_forward_tokens
-        self._step_trained_tokens += float(global_n_tokens)
-        self._step_seq_len_weighted += mean_seq_len * n_forward_tokens
-        self._step_samples += n_forward_tokens / mean_seq_len
-        self._step_forward_s += self._last_forward_time_s
-        return loss
+        self._add_counts("train", counts)
 
 
 class AsyncBandPOTrainer(AsyncPolicyLossTrainer):
@@ -448,7 +308,7 @@ class AsyncBandPOTrainer(AsyncPolicyLossTrainer):
     config_class = AsyncBandPOConfig
     _tag_names = ["trl", "async-grpo", "trl-bandpo", "bandpo"]
     _name = "AsyncBandPO"
-    _paper = BandPOTrainer._paper
+    _paper = BANDPO_PAPER
 
 
 class AsyncDGPOTrainer(AsyncPolicyLossTrainer):
@@ -457,4 +317,4 @@ class AsyncDGPOTrainer(AsyncPolicyLossTrainer):
     config_class = AsyncDGPOConfig
     _tag_names = ["trl", "async-grpo", "trl-bandpo", "dgpo"]
     _name = "AsyncDGPO"
-    _paper = DGPOTrainer._paper
+    _paper = DGPO_PAPER

@@ -1,31 +1,49 @@
 """Configurations of the BandPO and DGPO trainers: `GRPOConfig` plus the fields of our policy losses.
 
-The config holds the fields; what each policy loss reads, and how each field is checked, comes from the loss
-registry (`trl_bandpo.core.losses`, docs/adding-a-policy-loss.md): this module has no per-loss tables.
+Each setting has one owner that checks it, once, when the config is built: a loss hyper-parameter is checked by its
+entry in the loss registry (`trl_bandpo.core.losses`, docs/adding-a-policy-loss.md), our other fields by
+`PolicyLossConfig.FIELD_CHECKS`, and the TRL fields that TRL leaves unchecked by `TRL_FIELD_CHECKS` (`check_fields`);
+then the settings are checked together (`check_settings`). The asynchronous configs and the trainers' view of a
+project's own `GRPOConfig` (`policy_settings`) run the same two functions, so every surface refuses the same values.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 import os
 import sys
 import warnings
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import transformers
 import trl
+from transformers.utils import logging
 from trl import GRPOConfig
 
 from ..core.band import DIVERGENCES, SOLVERS
+from ..core.checks import Choice, Flag, Integer, Number, refuse
 from ..core.losses import POLICY_LOSSES, policy_loss_spec, registered_policy_losses
+
+logger = logging.get_logger(__name__)
 
 # TRL loss types whose per-token policy term is TRL's own (not a clipped ratio); they only combine with "clip".
 TRL_PER_TOKEN_LOSS_TYPES = ("cispo", "sapo", "vespo", "luspo")
 # TRL loss types that aggregate the clipped per-token term: every registered policy loss runs under these.
 CLIP_AGGREGATION_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 TRL_LOSS_TYPES = CLIP_AGGREGATION_LOSS_TYPES + TRL_PER_TOKEN_LOSS_TYPES
+#: TRL fields that TRL itself does not check, checked by our configs (a NaN learning rate trains NaN weights).
+TRL_FIELD_CHECKS = {
+    "learning_rate": Number(low=0),
+    "max_completion_length": Integer(low=1, optional=True),
+    "loss_type": Choice(TRL_LOSS_TYPES),
+}
+
+
+class UnusedSettingWarning(UserWarning):
+    """A setting changed from its default that the run ignores (e.g. `epsilon` with `policy_loss="band"`); the
+    recipe entry point turns it into an error."""
 
 
 # No argparse `choices`: a loss registered at run time (docs/adding-a-policy-loss.md) is valid too; __post_init__
@@ -42,13 +60,14 @@ class PolicyLossConfig(GRPOConfig):
 
     Parameters:
         policy_loss (`str`, defaults to `"clip"`):
-            Per-token policy term: `"clip"` (GRPO/PPO; Clip-Higher with `epsilon_high=0.28`), `"band"` (BandPO,
-            [paper](https://arxiv.org/abs/2603.04918)), `"relaxed_band"` (Band united with the Clip-Higher
-            interval, BandPO's ablation), `"dcpo"` (DCPO's dynamic bounds), `"dgpo"`
-            ([paper](https://arxiv.org/abs/2603.14389)), `"gppo"`, `"ce_gppo"`, `"aspo"`, `"cispo"` (the DGPO
+            Per-token policy term (docs/policy-losses.md): `"clip"` (GRPO/PPO; Clip-Higher with
+            `epsilon_high=0.28`), `"band"` (BandPO, [paper](https://arxiv.org/abs/2603.04918)), `"relaxed_band"`
+            (Band united with the Clip-Higher interval, BandPO's ablation), `"dcpo"` (DCPO's dynamic bounds),
+            `"dgpo"` ([paper](https://arxiv.org/abs/2603.14389)), `"gppo"`, `"ce_gppo"`, `"aspo"`, `"cispo"` (the DGPO
             paper's baselines; `"cispo"` clips the weight on both sides as that paper ran it), `"band_dgpo"` (DGPO's
-            decay outside the Band bounds, beyond both papers). Everything but `"clip"` requires `loss_type` in
-            `grpo`, `bnpo`, `dr_grpo`, `dapo`.
+            decay outside the Band bounds, beyond both papers), `"dppo_tv"`, `"dppo_kl"` (DPPO-Binary,
+            docs/band-and-dppo.md), any loss registered since, or an import path `package.module:loss`. Everything
+            but `"clip"` requires `loss_type` in `grpo`, `bnpo`, `dr_grpo`, `dapo`.
         band_divergence (`str`, defaults to `"kl"`):
             f-divergence of the Band trust region: `"kl"`, `"tv"`, `"chi2"`, `"reverse_kl"`, `"hellinger"`, `"js"`.
         band_radius (`float`, defaults to `0.05`):
@@ -147,7 +166,8 @@ class PolicyLossConfig(GRPOConfig):
         default=None, metadata={"help": "Per-token Band radius: None (one radius for every token) or 'entropy'."}
     )
     band_radius_exponent: float = field(
-        default=1.0, metadata={"help": "Exponent (>= 0) of H_t / H_mean in the radius."}
+        default=1.0,
+        metadata={"help": "Exponent (>= 0) of H_t / H_mean in the radius (0: one radius for every token)."},
     )
     band_radius_min: float = field(default=0.005, metadata={"help": "Smallest per-token Band radius."})
     band_radius_max: float = field(default=0.5, metadata={"help": "Largest per-token Band radius."})
@@ -165,174 +185,154 @@ class PolicyLossConfig(GRPOConfig):
             "choices": ["trainer", "rollout"],
         },
     )
+    #: The check of each field above that is no loss hyper-parameter (those are the loss registry's).
+    FIELD_CHECKS: ClassVar[dict] = {
+        "band_radius_by": Choice(("entropy",), optional=True),
+        "band_radius_exponent": Number(low=0),
+        "band_radius_min": Number(low=0, low_open=True),
+        "band_radius_max": Number(low=0, low_open=True),
+        "dynamic_sampling": Flag(),
+        "dynamic_sampling_max_rounds": Integer(low=0),
+        "old_logps_source": Choice(("trainer", "rollout")),
+    }
 
     def __post_init__(self):
         # Our checks first: a bad value of ours (or of the TRL fields below) must not hide behind a TRL error.
-        spec = policy_loss_spec(self.policy_loss)  # raises ValueError naming the allowed values
-        self._check_field_types()
-        self._check_hyperparameters()
+        check_fields(self)
         super().__post_init__()
-        if self.policy_loss != "clip" and self.loss_type in TRL_PER_TOKEN_LOSS_TYPES:
-            raise ValueError(
-                f"policy_loss={self.policy_loss!r} cannot be combined with loss_type={self.loss_type!r}: that loss "
-                f"type has its own per-token policy term. Use policy_loss='clip' with it, or a loss_type among "
-                f"{list(CLIP_AGGREGATION_LOSS_TYPES)}."
-            )
-        self._check_selected_loss(spec)
-        self._warn_unused_fields(spec)
-        self._check_dynamic_sampling()
-        self._check_adaptive_radius(spec)
-        self._check_old_logps_source()
-
-    def _check_old_logps_source(self):
-        """`old_logps_source="rollout"` takes the engine's sampling log-probs as the old policy: it needs vLLM, and
-        refuses the two settings that would read the old policy's trainer-side pass it skips."""
-        if self.old_logps_source not in ("trainer", "rollout"):
-            raise ValueError(f"old_logps_source must be 'trainer' or 'rollout', got {self.old_logps_source!r}.")
-        if self.old_logps_source == "trainer":
-            return
-        if not self.use_vllm:
-            raise ValueError(
-                "old_logps_source='rollout' needs use_vllm=True: the old log-probs are those vLLM returns with each "
-                "sampled token, and generation without vLLM returns none. Use old_logps_source='trainer'."
-            )
-        if self.vllm_importance_sampling_correction:
-            raise ValueError(
-                "old_logps_source='rollout' cannot be combined with vllm_importance_sampling_correction=True (TRL's "
-                "default): the ratio is already taken against the engine's log-probs, so TRL's correction of the "
-                "engine/trainer mismatch would apply a second time. Set vllm_importance_sampling_correction=False."
-            )
-        if self.band_radius_by is not None:
-            raise ValueError(
-                f"band_radius_by={self.band_radius_by!r} cannot be combined with old_logps_source='rollout': the "
-                "adaptive radius reads the old policy's entropies, which vLLM does not return (they come from the "
-                "trainer's old-policy pass that 'rollout' skips). Use old_logps_source='trainer' or "
-                "band_radius_by=None."
-            )
-
-    def _check_selected_loss(self, spec):
-        """The fields the selected loss reads, its cross-field checks where training will run (e.g.
-        `band_solver="triton"`), and the TRL settings it cannot honour (an error, not a silent no-op). Shared with the
-        async configs (`trl_bandpo.training.async_trainer`)."""
-        bound_kwargs, loss_kwargs = spec.kwargs_from_config(self)
-        if spec.check is not None:
-            labels = {hp.name: hp.field for hp in spec.hyperparameters if hp.field is not None}
-            device = "cpu" if self.use_cpu or not _cuda_available() else "cuda"
-            spec.check({**bound_kwargs, **loss_kwargs}, labels, device)
-        for name, reason in spec.incompatible.items():
-            if not hasattr(self, name):  # a TRL field this config family has not (no GSPO in the async trainer)
-                continue
-            default = _default(type(self), name)
-            if getattr(self, name) != default:
-                raise ValueError(
-                    f"{name}={getattr(self, name)!r} cannot be used with policy_loss={self.policy_loss!r}: {reason}. "
-                    f"Set {name}={default!r}."
-                )
-
-    def _check_adaptive_radius(self, spec):
-        if isinstance(self.band_radius_by, str) and self.band_radius_by.strip().lower() in ("none", "null"):
-            self.band_radius_by = None  # YAML / command-line spelling of None
-        if self.band_radius_by not in (None, "entropy"):
-            raise ValueError(f"band_radius_by must be None or 'entropy', got {self.band_radius_by!r}.")
-        for name in ("band_radius_exponent", "band_radius_min", "band_radius_max"):
-            value = getattr(self, name)
-            real = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if name == "band_radius_exponent":
-                if not real or not math.isfinite(value) or value < 0:
-                    raise ValueError(
-                        f"band_radius_exponent must be a finite number >= 0 (0: one radius for every token; a "
-                        f"negative exponent would give confident tokens the wider Band, the method reversed), got "
-                        f"{value!r}."
-                    )
-            elif not real or not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
-        if self.band_radius_min > self.band_radius_max:
-            raise ValueError(
-                f"band_radius_min ({self.band_radius_min!r}) must not exceed band_radius_max "
-                f"({self.band_radius_max!r})."
-            )
-        if self.band_radius_by is not None and "band_radius" not in spec.config_fields:
-            warnings.warn(
-                f"band_radius_by={self.band_radius_by!r} has no effect with policy_loss={self.policy_loss!r}, which "
-                "has no Band radius (use band, relaxed_band or band_dgpo).",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
-
-    def _check_dynamic_sampling(self):
-        rounds = self.dynamic_sampling_max_rounds
-        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-            raise ValueError(f"dynamic_sampling_max_rounds must be an integer >= 0, got {rounds!r}.")
-        local_batch = self.per_device_train_batch_size * self.steps_per_generation
-        if self.dynamic_sampling and local_batch % self.num_generations:
-            raise ValueError(
-                f"dynamic_sampling needs each process's generation batch (per_device_train_batch_size x "
-                f"steps_per_generation = {local_batch}) to be a multiple of num_generations ({self.num_generations}), "
-                "so that no prompt group straddles two processes."
-            )
-
-    def _check_field_types(self):
-        """Types and ranges the dataclass cannot enforce (values from YAML or keyword arguments are not converted)."""
-        for f in dataclasses.fields(PolicyLossConfig):
-            if f.name in _OWN_FIELDS and f.type in (bool, "bool") and not isinstance(getattr(self, f.name), bool):
-                raise ValueError(f"{f.name} must be true or false (a bool), got {getattr(self, f.name)!r}.")
-        if callable(self.band_divergence):
-            raise ValueError(
-                f"band_divergence must be a divergence name, got the callable {self.band_divergence!r}: a function "
-                f"cannot be saved with checkpoints or sent to other processes. Register it once with "
-                f"trl_bandpo.core.band.register_divergence('my_divergence', f) and pass "
-                "band_divergence='my_divergence'."
-            )
-        if self.loss_type not in TRL_LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {list(TRL_LOSS_TYPES)}, got {self.loss_type!r}.")
-        if not (isinstance(self.learning_rate, (int, float)) and not isinstance(self.learning_rate, bool)) or not (
-            math.isfinite(self.learning_rate) and self.learning_rate >= 0
-        ):
-            raise ValueError(f"learning_rate must be a finite number >= 0, got {self.learning_rate!r}.")
-        length = self.max_completion_length
-        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
-            raise ValueError(f"max_completion_length must be an integer >= 1, got {length!r}.")
-
-    def _check_hyperparameters(self):
-        """Check (and normalise) every field the registered losses read, whichever loss is selected."""
-        for hp in _registry_hyperparameters():
-            if not hasattr(self, hp.field):
-                continue  # a run-time loss whose field lives in a config subclass: checked when selected
-            value = getattr(self, hp.field)
-            if type(value).__module__.startswith("torch"):  # per-token tensors are for the pure API only
-                raise ValueError(f"{hp.field} must be a number in a config, got a {type(value).__name__}.")
-            if value is None and hp.fallback_field is not None:
-                continue  # TRL reads the fallback field (checked under its own name)
-            setattr(self, hp.field, hp.check(value, hp.field))
-
-    def _warn_unused_fields(self, spec):
-        """Loss fields set away from their default but ignored by the selected loss, ours and TRL's (`epsilon` means
-        nothing to Band): say so, once, by name."""
-        read = set(spec.config_fields)
-        candidates = _loss_fields() & {f.name for f in dataclasses.fields(self)}  # a user loss's fields may be absent
-        unused = [name for name in sorted(candidates - read) if getattr(self, name) != _default(type(self), name)]
-        if unused:
-            warnings.warn(
-                f"{', '.join(f'{name}={getattr(self, name)!r}' for name in unused)} "
-                f"{'has' if len(unused) == 1 else 'have'} no effect with policy_loss={self.policy_loss!r}, which "
-                f"does not read {'it' if len(unused) == 1 else 'them'} (docs/policy-losses.md lists what each loss "
-                "reads). Did you mean another policy_loss?",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
+        check_settings(self)
 
 
-def _registry_hyperparameters():
-    """Every (field-backed) hyper-parameter of every registered loss, one per config field."""
-    seen = {}
+# -- The checks every config family runs: field by field, then together ------------------------------------------
+
+
+def _field_checks() -> dict[str, tuple[Any, bool]]:
+    """`{field: (check, whether None means "read the fallback field")}`: our fields' own checks (`FIELD_CHECKS`), the loss
+    registry's (one per config field, whichever loss reads it) and `TRL_FIELD_CHECKS`."""
+    checks = {name: (check, False) for name, check in PolicyLossConfig.FIELD_CHECKS.items()}
     for spec in registered_policy_losses().values():
         for hp in spec.hyperparameters:
             if hp.field is not None:
-                seen.setdefault(hp.field, hp)
-    return tuple(seen.values())
+                checks.setdefault(hp.field, (hp.check, hp.fallback_field is not None))
+    return {**{name: (check, False) for name, check in TRL_FIELD_CHECKS.items()}, **checks}
 
 
-_OWN_FIELDS = {f.name for f in dataclasses.fields(PolicyLossConfig)} - {f.name for f in dataclasses.fields(GRPOConfig)}
+def check_fields(config) -> None:
+    """Check every field of `config` that has a check (`_field_checks`) and store the normalised value: a
+    `ValueError` names the first bad field, its value and what is allowed. `policy_loss` is checked (and a loss
+    given by import path imported) first: its fields may be among the others."""
+    policy_loss_spec(config.policy_loss)
+    for name, (check, falls_back) in _field_checks().items():
+        if not hasattr(config, name):
+            continue  # a field of another config family, or of a loss whose config subclass is not this one
+        value = getattr(config, name)
+        if type(value).__module__.startswith("torch"):
+            refuse(
+                name, "a number in a config (per-token tensors are for the pure API, trl_bandpo.policy_loss)", value
+            )
+        if callable(value):
+            refuse(name, "a name in a config (a function cannot be saved with the checkpoints nor sent to other "
+                   "processes: register it once with trl_bandpo.core.band.register_divergence('name', f) and pass "
+                   "'name')", value)  # fmt: skip
+        if value is None and falls_back:
+            continue  # TRL reads the fallback field, checked under its own name
+        setattr(config, name, check(value, name))
+
+
+def check_settings(config, defaults: dict | None = None) -> None:
+    """The settings of `config` checked together (after TRL's own checks): the selected loss with TRL's loss types,
+    where training runs and the TRL settings it cannot honour; dynamic sampling's batch; the old policy's source;
+    the radius range; and one `UnusedSettingWarning` naming every setting the run ignores. `defaults`: the field
+    defaults to compare with (default: those of `config`'s own dataclass)."""
+    spec = policy_loss_spec(config.policy_loss)
+    defaults = defaults if defaults is not None else {f.name: f.default for f in dataclasses.fields(config)}
+    loss_type = getattr(config, "loss_type", None)
+    if spec.name != "clip" and loss_type in TRL_PER_TOKEN_LOSS_TYPES:
+        raise ValueError(
+            f"policy_loss={config.policy_loss!r} cannot be combined with loss_type={loss_type!r}: that loss type has "
+            f"its own per-token policy term. Use policy_loss='clip' with it, or a loss_type among "
+            f"{list(CLIP_AGGREGATION_LOSS_TYPES)}."
+        )
+    if spec.check is not None:
+        bound_kwargs, loss_kwargs = spec.kwargs_from_config(config)
+        labels = {hp.name: hp.field for hp in spec.hyperparameters if hp.field is not None}
+        device = "cpu" if getattr(config, "use_cpu", False) or not _cuda_available() else "cuda"
+        spec.check({**bound_kwargs, **loss_kwargs}, labels, device)
+    for name, reason in spec.incompatible.items():
+        if hasattr(config, name) and getattr(config, name) != defaults[name]:
+            raise ValueError(
+                f"{name}={getattr(config, name)!r} cannot be used with policy_loss={config.policy_loss!r}: {reason}. "
+                f"Set {name}={defaults[name]!r}."
+            )
+    if getattr(config, "band_radius_min", 0) > getattr(config, "band_radius_max", 1):
+        raise ValueError(
+            f"band_radius_min ({config.band_radius_min!r}) must not exceed band_radius_max "
+            f"({config.band_radius_max!r})."
+        )
+    if getattr(config, "dynamic_sampling", False):
+        local_batch = config.per_device_train_batch_size * config.steps_per_generation
+        if local_batch % config.num_generations:
+            raise ValueError(
+                f"dynamic_sampling needs each process's generation batch (per_device_train_batch_size x "
+                f"steps_per_generation = {local_batch}) to be a multiple of num_generations "
+                f"({config.num_generations}), so that no prompt group straddles two processes."
+            )
+    if getattr(config, "old_logps_source", "trainer") == "rollout":
+        _check_rollout_source(config)
+    unused = _unused_settings(config, spec, defaults)
+    if unused:
+        warnings.warn(
+            "; ".join(f"{name}={getattr(config, name)!r} has no effect {why}" for name, why in unused.items())
+            + " (docs/policy-losses.md lists what each loss reads).",
+            UnusedSettingWarning,
+            stacklevel=user_stacklevel(),
+        )
+
+
+def _check_rollout_source(config) -> None:
+    """`old_logps_source="rollout"` takes the engine's sampling log-probs as the old policy: it needs vLLM, and
+    refuses the two settings that would read the trainer-side old-policy pass it skips."""
+    if not config.use_vllm:
+        raise ValueError(
+            "old_logps_source='rollout' needs use_vllm=True: the old log-probs are those vLLM returns with each "
+            "sampled token, and generation without vLLM returns none. Use old_logps_source='trainer'."
+        )
+    if config.vllm_importance_sampling_correction:
+        raise ValueError(
+            "old_logps_source='rollout' cannot be combined with vllm_importance_sampling_correction=True (TRL's "
+            "default): the ratio is already taken against the engine's log-probs, so TRL's correction of the "
+            "engine/trainer mismatch would apply a second time. Set vllm_importance_sampling_correction=False."
+        )
+    if config.band_radius_by is not None:
+        raise ValueError(
+            f"band_radius_by={config.band_radius_by!r} cannot be combined with old_logps_source='rollout': the "
+            "adaptive radius reads the old policy's entropies, which vLLM does not return (they come from the "
+            "trainer's old-policy pass that 'rollout' skips). Use old_logps_source='trainer' or band_radius_by=None."
+        )
+
+
+def _unused_settings(config, spec, defaults: dict) -> dict[str, str]:
+    """The settings changed from their default that this run ignores, each with the reason."""
+
+    def changed(name: str) -> bool:
+        return name in defaults and hasattr(config, name) and getattr(config, name) != defaults[name]
+
+    read = set(spec.config_fields)
+    unused = {
+        name: f"with policy_loss={config.policy_loss!r}, which does not read it"
+        for name in sorted(_loss_fields() - read)
+        if changed(name)
+    }
+    radius_fields = ("band_radius_exponent", "band_radius_min", "band_radius_max")
+    if getattr(config, "band_radius_by", None) is not None and "band_radius" not in read:
+        unused["band_radius_by"] = (
+            f"with policy_loss={config.policy_loss!r}, which has no Band radius (use band, relaxed_band or band_dgpo)"
+        )
+    elif getattr(config, "band_radius_by", None) is None:
+        unused.update({name: "without band_radius_by='entropy'" for name in radius_fields if changed(name)})
+    if changed("dynamic_sampling_max_rounds") and not getattr(config, "dynamic_sampling", False):
+        unused["dynamic_sampling_max_rounds"] = "without dynamic_sampling=True"
+    return unused
 
 
 def _loss_fields() -> set[str]:
@@ -343,14 +343,29 @@ def _loss_fields() -> set[str]:
     return fields
 
 
-def _default(config_class, name: str):
-    return {f.name: f.default for f in dataclasses.fields(config_class)}[name]
-
-
 def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+#: The papers, for the model card TRL writes on save.
+BANDPO_PAPER = {
+    "title": "BandPO: Bridging Trust Regions and Ratio Clipping via Probability-Aware Bounds for LLM "
+    "Reinforcement Learning",
+    "id": "2603.04918",
+    "citation": "@article{li2026bandpo,\n  title   = {{BandPO: Bridging Trust Regions and Ratio Clipping via "
+    "Probability-Aware Bounds for LLM Reinforcement Learning}},\n  author  = {Li, Yuan and others},\n  "
+    "year    = 2026,\n  eprint  = {arXiv:2603.04918}\n}",
+}
+DGPO_PAPER = {
+    "title": "From log pi to pi: Taming Divergence in Soft Clipping via Bilateral Decoupled Decay of Probability "
+    "Gradient Weight",
+    "id": "2603.14389",
+    "citation": "@article{fu2026dgpo,\n  title   = {{From log pi to pi: Taming Divergence in Soft Clipping via "
+    "Bilateral Decoupled Decay of Probability Gradient Weight}},\n  author  = {Fu, Xiaoliang and Lin, Jiaye and "
+    "others},\n  year    = 2026,\n  eprint  = {arXiv:2603.14389}\n}",
+}
 
 
 @dataclass
@@ -394,25 +409,45 @@ class DGPOConfig(PolicyLossConfig):
 # -- Serving a config of the GRPOConfig family (a project's own `class MyConfig(GRPOConfig)`) -------------------------
 
 
-def with_policy_loss_fields(args: GRPOConfig, config_class: type[PolicyLossConfig]) -> PolicyLossConfig:
-    """`args` (a `GRPOConfig`, or a project's subclass of it with fields of its own) as an instance of a subclass of
-    both its class and `config_class`: every field keeps its value, ours get `config_class`'s defaults, and all are
-    checked as if the project's class had subclassed `config_class` in the first place.
+class PolicySettings:
+    """A config of TRL's family without our fields (a `GRPOConfig`, an `AsyncGRPOConfig`, or a project's own
+    subclass), seen with them at `config_class`'s defaults. The trainer keeps the user's object as `trainer.args`,
+    untouched, and reads our settings (and the TRL fields our losses read, checked and normalised) from this view."""
 
-    The combined class is registered in this module under its name, so the trainer can save the config with the
-    model (`training_args.bin` is a pickle) in this process.
-    """
-    user_class = type(args)
-    name = f"{user_class.__name__}With{config_class.__name__.removesuffix('Config')}Fields"
-    combined = config_class if user_class in config_class.__mro__ else globals().get(name)  # a plain GRPOConfig
-    if combined is None or combined is not config_class and combined.__mro__[1:3] != (user_class, config_class):
-        combined = dataclass(type(name, (user_class, config_class), {"__module__": __name__, "__qualname__": name}))
-        globals()[name] = combined
-    # `generation_batch_size` is derived from `steps_per_generation` (or the reverse) when a config is built: pass
-    # one of them, as a user would, or GRPOConfig refuses the pair.
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
-    values.pop("generation_batch_size", None)
-    return combined(**values)
+    def __init__(self, args, config_class: type):
+        self._args = args
+        self.__dict__.update(
+            {f.name: f.default for f in dataclasses.fields(config_class) if not hasattr(args, f.name)}
+        )
+
+    def __getattr__(self, name: str):  # anything not ours: the user's config
+        return getattr(self.__dict__["_args"], name)
+
+
+def policy_settings(trainer_name: str, args, config_class: type, family: type):
+    """The settings a trainer reads our fields from: `args` itself when it is a config of ours (checked when it was
+    built), else, for a config of TRL's `family` (a project's `GRPOConfig` subclass, say), a `PolicySettings` view
+    with our fields at `config_class`'s defaults, checked as a config of ours would be; said once in the log."""
+    own = [
+        f.name for f in dataclasses.fields(config_class) if f.name not in {g.name for g in dataclasses.fields(family)}
+    ]
+    if all(hasattr(args, name) for name in own):
+        return args
+    if not isinstance(args, family):
+        raise TypeError(
+            f"{trainer_name} needs a{'n' * family.__name__.startswith('A')} {family.__name__} ({config_class.__name__}, "
+            f"or any {family.__name__} subclass), "
+            f"got {type(args).__name__}."
+        )
+    view = PolicySettings(args, config_class)
+    check_fields(view)
+    check_settings(view, {f.name: f.default for f in dataclasses.fields(config_class)})
+    logger.warning_once(
+        f"{trainer_name} got a {type(args).__name__}: it trains with it as it is (trainer.args is your object), and "
+        f"trl-bandpo's own settings, which it lacks, take {config_class.__name__}'s defaults "
+        f"(policy_loss={view.policy_loss!r}). To set them, derive your config from {config_class.__name__}."
+    )
+    return view
 
 
 def config_class_with_loss_fields(config_class: type[PolicyLossConfig], policy_loss: str) -> type[PolicyLossConfig]:

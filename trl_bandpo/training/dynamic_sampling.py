@@ -94,7 +94,8 @@ def merge_generation_outputs(parts: list[dict], pad_token_id: int) -> dict:
 
 
 class DynamicSampling:
-    """Mixin for `GRPOTrainer` subclasses: `_generate_and_score_completions` with DAPO's group filter."""
+    """Mixin for `PolicyLossTrainer`: `_generate_with_dynamic_sampling`, one generation batch with DAPO's group filter,
+    each round one `_generate_once` (GRPOTrainer's generation)."""
 
     def _dynamic_sampling_prompts(self, count: int) -> list:
         """`count` fresh prompts for this process, each repeated `num_generations` times (a generation batch)."""
@@ -105,9 +106,7 @@ class DynamicSampling:
         indices = torch.randint(len(self.train_dataset), (count,), generator=self._extra_prompt_generator).tolist()
         return [self.train_dataset[i] for i in indices for _ in range(self.num_generations)]
 
-    def _generate_and_score_completions(self, inputs):
-        if not self.args.dynamic_sampling or not self.model.training:
-            return super()._generate_and_score_completions(inputs)
+    def _generate_with_dynamic_sampling(self, inputs):
         group_size = self.num_generations
         if len(inputs) % group_size or any(
             inputs[start]["prompt"] != inputs[start + k]["prompt"]
@@ -122,7 +121,7 @@ class DynamicSampling:
         kept, dropped, generated, rounds = [], [], 0, 0
         batch = inputs
         while True:
-            output = super()._generate_and_score_completions(batch)
+            output = self._generate_once(batch)
             rounds += 1
             signal = group_has_signal(output["advantages"], group_size)
             generated += signal.numel()
@@ -132,7 +131,7 @@ class DynamicSampling:
             missing = torch.tensor(float(max(0, wanted - len(kept))), device=self.accelerator.device)
             if self.accelerator.reduce(missing, reduction="sum").item() == 0:
                 break
-            if rounds > self.args.dynamic_sampling_max_rounds:
+            if rounds > self.policy_args.dynamic_sampling_max_rounds:
                 break
             batch = self._dynamic_sampling_prompts(wanted)
         groups = kept[:wanted]

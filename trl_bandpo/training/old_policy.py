@@ -1,160 +1,37 @@
-"""The adaptive per-token Band radius: `delta_t` from the old policy's entropy at each token (docs/extensions.md,
-"Adaptive per-token radius"; BandPO §7 names it as future work).
+"""The old policy of the ratio: one hook on GRPOTrainer's old-policy pass, serving the adaptive radius and
+`old_logps_source="rollout"` (docs/extensions.md, "Adaptive per-token radius"; docs/off-policy-and-async.md).
 
-    delta_t = clip(delta * (H_t / H_mean) ** alpha, delta_min, delta_max)
+GRPOTrainer's `_generate_and_score_completions` calls `_generate` (the rollouts), then, when training is off-policy
+(`gradient_accumulation_steps` no multiple of `steps_per_generation * num_iterations`) or vLLM's importance-sampling
+correction is on, its old-policy pass, `_get_per_token_logps_and_entropies(self.model, ...)`, whose log-probs it
+stores as `old_per_token_logps`; then, with a KL term, the reference pass. `OldPolicyPass` marks the first policy pass
+after `_generate` as the old-policy pass when TRL will make one, and in it
 
-`entropy_radius` is that formula on tensors. `OldPolicyEntropies` is a trainer mixin that takes the old policy's
-entropies from the pass that computes the old log-probs (no extra forward pass) and attaches them to the generation
-output as `old_per_token_entropies`.
+- asks the same forward for the old policy's entropies too (the adaptive radius: no extra pass), or
+- with `old_logps_source="rollout"`, skips the forward (a NaN placeholder); the engine's sampling log-probs take the
+  place of its result once generation is done.
+
+After generation, what TRL stored as `old_per_token_logps` must be that pass's very tensor: a TRL version that moved
+the pass fails with an error instead of pairing the wrong tensors.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers.utils import logging
 
-__all__ = [
-    "AdaptiveRadius",
-    "OldPolicyEntropies",
-    "check_radius_fn_output",
-    "correlation",
-    "entropy_radius",
-    "masked_sum",
-    "radius_statistics",
-]
+from ..core.radius import check_radius_fn_output, correlation, entropy_radius, masked_sum, radius_statistics
+
+__all__ = ["OLD_ENTROPIES_KEY", "OldPolicyPass"]
+
+logger = logging.get_logger(__name__)
 
 #: Key of the old policy's per-token entropies in a generation output (popped once the bounds are computed).
 OLD_ENTROPIES_KEY = "old_per_token_entropies"
 
 
-def entropy_radius(
-    entropies: torch.Tensor,
-    mask: torch.Tensor,
-    delta: float,
-    *,
-    exponent: float = 1.0,
-    radius_min: float = 0.005,
-    radius_max: float = 0.5,
-    mean_entropy: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Per-token radii `(B, T)` from entropies `(B, T)` (nats) and the completion mask `(B, T)`.
-
-    `mean_entropy` is `H_mean` (default: the masked mean of `entropies`; the trainer passes the mean over the whole
-    generation batch of every process). Where `H_mean` is 0 (a batch of certain tokens) every token gets `delta`.
-    Padding positions get `delta` too (they are masked out of the loss anyway), and whatever they hold (NaN, inf)
-    enters no reduction.
-    """
-    keep = mask > 0
-    entropies = entropies.detach().float()
-    if mean_entropy is None:
-        mean_entropy = masked_sum(entropies, keep) / keep.sum().clamp(min=1).float()
-    relative = entropies.clamp(min=0.0) / mean_entropy.clamp(min=torch.finfo(torch.float32).tiny)
-    radius = (delta * relative.pow(exponent)).clamp(min=radius_min, max=radius_max)
-    certain = mean_entropy <= 0
-    return torch.where(keep & ~certain, radius, torch.full_like(radius, delta))
-
-
-def masked_sum(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """Sum of `values` where `keep` is true. `torch.where`, not `values * mask`: a NaN or inf at a masked-out
-    position (NaN * 0 = NaN) must not enter the sum."""
-    return torch.where(keep, values, torch.zeros_like(values)).sum()
-
-
-def check_radius_fn_output(radius, entropies: torch.Tensor, mask: torch.Tensor, delta: float) -> torch.Tensor:
-    """The radii a user's `radius_fn(entropies, mask, delta)` returned, checked: a floating tensor shaped like
-    `entropies` whose values at completion tokens are finite and > 0, else a `ValueError` naming `radius_fn`, the
-    shape expected and the bad values. Padding positions get `delta`, whatever `radius_fn` put there. One host
-    read per call (to raise at once, never to train unclipped)."""
-    shape = tuple(entropies.shape)
-    if not torch.is_tensor(radius) or tuple(radius.shape) != shape:
-        got = f"shape {tuple(radius.shape)}" if torch.is_tensor(radius) else type(radius).__name__
-        raise ValueError(
-            f"radius_fn must return a tensor of shape {shape} (one radius per token, like its entropies), got {got}."
-        )
-    if not radius.is_floating_point():
-        raise ValueError(f"radius_fn must return a floating-point tensor of shape {shape}, got dtype {radius.dtype}.")
-    keep = (mask > 0).to(radius.device)
-    radius = radius.detach()
-    bad = keep & ~(torch.isfinite(radius) & (radius > 0))
-    if bool(bad.any()):
-        values = radius[bad]
-        shown = ", ".join(f"{v:.6g}" for v in values[:3].tolist())
-        raise ValueError(
-            f"radius_fn returned {values.numel()} radii at completion tokens that are not finite numbers > 0 "
-            f"({shown}{', ...' if values.numel() > 3 else ''}): every radius of a completion token must be finite "
-            "and > 0 (training on NaN bounds would not clip)."
-        )
-    return torch.where(keep, radius, torch.full_like(radius, delta))
-
-
-def radius_statistics(radius: torch.Tensor, entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Local sums `[n, sum r, sum h, sum r^2, sum h^2, sum r h, min r, max r]` over the masked tokens, in float64:
-    summed over processes they give the radius mean/min/max and its Pearson correlation with the entropy."""
-    keep = mask > 0
-    r, h = radius[keep].double(), entropies.detach()[keep].double()
-    if r.numel() == 0:
-        return torch.tensor([0.0] * 6 + [float("inf"), float("-inf")], dtype=torch.float64, device=radius.device)
-    sums = torch.stack([torch.tensor(float(r.numel()), device=r.device, dtype=torch.float64), r.sum(), h.sum(),
-                        (r * r).sum(), (h * h).sum(), (r * h).sum()])  # fmt: skip
-    return torch.cat([sums, r.min().reshape(1), r.max().reshape(1)])
-
-
-def correlation(totals: list[float]) -> float:
-    """Pearson correlation from `radius_statistics` totals (NaN when either side is constant)."""
-    n, sr, sh, srr, shh, srh = totals[:6]
-    if n < 2:
-        return float("nan")
-    cov = srh / n - (sr / n) * (sh / n)
-    var_r, var_h = srr / n - (sr / n) ** 2, shh / n - (sh / n) ** 2
-    if var_r <= 0 or var_h <= 0:
-        return float("nan")
-    return cov / (var_r * var_h) ** 0.5
-
-
-class OldPolicyEntropies:
-    """Mixin for `GRPOTrainer` subclasses: when `self._wants_old_entropies()` is true, the old policy's entropies
-    come from the forward pass whose log-probs GRPOTrainer stores as `old_per_token_logps`, attached to the
-    generation output under `OLD_ENTROPIES_KEY`.
-
-    During generation every forward pass of the policy (`self.model`) is asked for entropies too; afterwards the one
-    whose log-prob tensor *is* the output's `old_per_token_logps` gives them (a reference pass through the same
-    model with its adapter disabled is not mistaken for it). If none matches, an error says so: entropies are never
-    taken from another pass by position.
-    """
-
-    def _wants_old_entropies(self) -> bool:
-        return False
-
-    def _generate_and_score_completions(self, inputs):
-        capture = self._wants_old_entropies() and self.model.training
-        self._policy_passes = [] if capture else None
-        try:
-            output = super()._generate_and_score_completions(inputs)
-        finally:
-            passes, self._policy_passes = self._policy_passes, None
-        old_logps = output.get("old_per_token_logps")
-        if capture and old_logps is not None:
-            matches = [entropies for logps, entropies in passes if logps is old_logps]
-            if len(matches) != 1:
-                raise RuntimeError(
-                    f"the adaptive Band radius needs the entropies of the pass that computed old_per_token_logps, but "
-                    f"{len(matches)} of this generation's {len(passes)} policy passes returned that tensor (a TRL "
-                    "version this package was not tested with?)."
-                )
-            output[OLD_ENTROPIES_KEY] = matches[0]
-        return output
-
-    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
-        passes = getattr(self, "_policy_passes", None)
-        if passes is None or model is not self.model:
-            return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-        kwargs["compute_entropy"] = True  # the same forward, asked for entropies as well
-        logps, entropies, aux = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-        passes.append((logps, entropies.detach()))
-        return logps, entropies, aux
-
-
-class AdaptiveRadius(OldPolicyEntropies):
-    """Mixin for `PolicyLossTrainer`: the per-token radius of losses whose bounds read `radius` (Band family).
+class OldPolicyPass:
+    """Mixin for `PolicyLossTrainer`: the old-policy pass (above) and the per-token radius built from it.
 
     `band_radius_by="entropy"` uses `entropy_radius`; a `radius_fn(entropies, mask, delta) -> radii` set on the
     trainer (class or instance attribute) replaces it, for researchers: it must return a floating `(B, T)` tensor,
@@ -163,25 +40,109 @@ class AdaptiveRadius(OldPolicyEntropies):
     """
 
     radius_fn = None
+    _old_pass: dict | None = None  # during one generation: what to do in the old-policy pass, and its result
+    _logprobs_mode_checked = False
 
     def _adaptive_radius_enabled(self) -> bool:
         uses_radius = "radius" in self._policy.bound_names
-        return uses_radius and (self.radius_fn is not None or self.args.band_radius_by is not None)
+        return uses_radius and (self.radius_fn is not None or self.policy_args.band_radius_by is not None)
 
-    def _wants_old_entropies(self) -> bool:
-        # Only where GRPOTrainer computes old log-probs (off-policy updates, or vLLM's correction): otherwise every
-        # ratio is 1 and the loss computes bounds from the current (= old) policy, whose entropies it has.
+    def _trl_makes_old_policy_pass(self) -> bool:
+        """GRPOTrainer's condition for its old-policy pass (otherwise every ratio is 1)."""
         generate_every = self.args.steps_per_generation * self.num_iterations
         off_policy = self.args.gradient_accumulation_steps % generate_every != 0
-        vllm_corrected = self.use_vllm and self.vllm_importance_sampling_correction
-        return self._adaptive_radius_enabled() and (off_policy or vllm_corrected)
+        return off_policy or (self.use_vllm and self.vllm_importance_sampling_correction)
+
+    def _generate(self, prompts):
+        result = super()._generate(prompts)
+        rollout = self.policy_args.old_logps_source == "rollout"
+        entropies = self._adaptive_radius_enabled() and self.model.training
+        if (rollout or entropies) and self._trl_makes_old_policy_pass():
+            self._old_pass = {"skip": rollout, "result": None}
+        return result
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        state = self._old_pass
+        if state is None or state["result"] is not None or model is not self.model:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+        if state["skip"]:
+            skipped = torch.full((input_ids.size(0), logits_to_keep), float("nan"), device=input_ids.device)
+            state["result"] = (skipped, None, None)
+        else:  # the same forward, asked for the entropies as well
+            kwargs["compute_entropy"] = True
+            state["result"] = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+        return state["result"]
+
+    def _generate_once(self, inputs):
+        """One GRPOTrainer generation with the old-policy pass handled as above."""
+        rollout = self.policy_args.old_logps_source == "rollout"
+        if rollout:
+            self._check_rollout_logprobs()
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            state, self._old_pass = self._old_pass, None
+        if state is not None:
+            if state["result"] is None or output.get("old_per_token_logps") is not state["result"][0]:
+                raise RuntimeError(
+                    "trl-bandpo hooks GRPOTrainer's old-policy pass (the first pass of the policy after `_generate`, "
+                    "whose log-probs become old_per_token_logps), but this TRL version computed them elsewhere: see "
+                    "docs/upgrading-trl.md."
+                )
+            if not state["skip"]:
+                output[OLD_ENTROPIES_KEY] = state["result"][1].detach()
+        return self._with_rollout_old_logps(output) if rollout else output
+
+    # -- the engine's sampling log-probs as the old policy (`old_logps_source="rollout"`) ---------------------------
+
+    def _check_rollout_logprobs(self):
+        if self._adaptive_radius_enabled():
+            raise ValueError(
+                "a radius_fn (adaptive Band radius) cannot be used with old_logps_source='rollout': it reads the old "
+                "policy's entropies, which vLLM does not return. Use old_logps_source='trainer'."
+            )
+        if self.vllm_mode == "server" and self.accelerator.is_main_process and not self._logprobs_mode_checked:
+            self._logprobs_mode_checked = True
+            logprobs_mode = self.vllm_generation.vllm_client.get_server_info()["model_config"]["logprobs_mode"]
+            if logprobs_mode != "processed_logprobs":
+                logger.warning(
+                    f"old_logps_source='rollout' takes the vLLM server's log-probs as the old policy, but the server "
+                    f"runs with `--logprobs-mode {logprobs_mode}`: unless sampling leaves the logits as they are "
+                    "(temperature 1, no top-p, top-k, min-p or repetition penalty), these are not the probabilities "
+                    "the tokens were sampled with. Restart it with `--logprobs-mode processed_logprobs`."
+                )
+
+    def _with_rollout_old_logps(self, output):
+        sampling = output.get("sampling_per_token_logps")
+        if sampling is None:
+            raise RuntimeError(
+                "old_logps_source='rollout' needs the log-probs vLLM sampled each token with, but this generation "
+                "returned none (a rollout_func that returns no 'logprobs'?)."
+            )
+        # A token vLLM could not score (NaN log-prob) has no old probability: it leaves the loss (through
+        # `tool_mask`, which masks the loss but not attention) and the normaliser, and is counted.
+        completion_mask = output["completion_mask"]
+        mask = completion_mask if "tool_mask" not in output else completion_mask * output["tool_mask"]
+        scored = torch.isfinite(sampling)
+        output["old_per_token_logps"] = torch.where(scored, sampling, torch.zeros_like(sampling))
+        output["tool_mask"] = scored.to(mask.dtype) if "tool_mask" not in output else output["tool_mask"] * scored
+        output["num_items_in_batch"] = self.accelerator.gather((completion_mask * output["tool_mask"]).sum()).sum()
+        unscored = (~scored & (mask > 0)).sum().float(), (mask > 0).sum().float()
+        self._add_counts("train" if self.model.training else "eval", {"sampling/unscored_token_share": unscored})
+        return output
+
+    # -- the adaptive radius ---------------------------------------------------------------------------------------
 
     def _token_radius(self, entropies, mask, mean_entropy=None):
         """`(B, T)` radii for these entropies; `mean_entropy` defaults to the masked mean of `entropies`."""
         delta = self._policy_bound_kwargs["radius"]
         if self.radius_fn is not None:
             return check_radius_fn_output(self.radius_fn(entropies.detach(), mask, delta), entropies, mask, delta)
-        args = self.args
+        args = self.policy_args
         return entropy_radius(
             entropies, mask, delta, exponent=args.band_radius_exponent, radius_min=args.band_radius_min,
             radius_max=args.band_radius_max, mean_entropy=mean_entropy,

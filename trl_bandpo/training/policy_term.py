@@ -1,0 +1,113 @@
+"""The policy term both trainers share: the selected loss, its bounds, its per-token loss and its count metrics.
+
+`PolicyTerm` is a mixin for TRL's `GRPOTrainer` (`trl_bandpo.training.trainer`) and `AsyncGRPOTrainer`
+(`trl_bandpo.training.async_trainer`). Before TRL's constructor runs, `_setup_policy_term` reads our settings from
+the config (`policy_settings`: a config of ours as it is, or a project's own config of TRL's family seen with our
+fields at their defaults, checked the same way), and the loss's hyper-parameters from the registry entry. Each
+trainer's loss then calls `_policy_bounds`, `_per_token_policy_loss` and `_policy_counts`; the counts are summed over
+processes and accumulation steps and divided once, at logging (docs/metrics.md, "How values are aggregated").
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+
+import torch
+
+from ..core.losses import policy_loss_spec
+from ..core.metrics import clip_counts
+from .configs import is_library_file, policy_settings, user_frame
+
+__all__ = ["PolicyTerm"]
+
+
+class PolicyTerm:
+    """Mixin for TRL trainers whose per-token policy term is the registered loss `policy_args.policy_loss`.
+
+    Subclasses set `config_class` (our config of the trainer, whose defaults a config of TRL's family takes) and
+    `trl_config_class` (the TRL config family the trainer accepts).
+    """
+
+    config_class: type
+    trl_config_class: type
+
+    def _setup_policy_term(self, model, args):
+        """`args`, or the default config when it is None (as TRL names it: `<model>-<method>`); sets `policy_args`
+        and the selected loss with its hyper-parameters. Called before TRL's constructor: bad settings fail before
+        any model loads."""
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = self.config_class(f"{name.split('/')[-1]}-{self.config_class.__name__.removesuffix('Config')}")
+        self.policy_args = policy_settings(type(self).__name__, args, self.config_class, self.trl_config_class)
+        self.policy_loss = self.policy_args.policy_loss
+        self._policy = policy_loss_spec(self.policy_loss)
+        self._policy_bound_kwargs, self._policy_loss_kwargs = self._policy.kwargs_from_config(self.policy_args)
+        return args
+
+    def _call_with_warnings_at_the_callers_line(self, function, *args, **kwargs):
+        """`function(*args, **kwargs)` (TRL's constructor), its warnings and those of the libraries it calls
+        attributed to the user's line (the first frame outside TRL, transformers and us): a user sees where in their
+        script a warning comes from."""
+        caught = []
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                return function(*args, **kwargs)
+        finally:
+            frame, _ = user_frame()
+            for record in caught:
+                if is_library_file(record.filename):
+                    registry = frame.f_globals.setdefault("__warningregistry__", {})
+                    module = frame.f_globals.get("__name__")
+                    where = dict(filename=frame.f_code.co_filename, lineno=frame.f_lineno, module=module)
+                    warnings.warn_explicit(record.message, record.category, registry=registry, **where)
+                else:
+                    warnings.warn_explicit(record.message, record.category, record.filename, record.lineno)
+
+    # -- the policy term -------------------------------------------------------------------------------------------
+
+    def _policy_bounds(self, old_logps: torch.Tensor, radius=None):
+        """`(lower, upper)` of the selected loss for these old log-probs (floats for fixed bounds); `radius`, when
+        given, replaces the configured Band radius (per-token radii of the adaptive radius)."""
+        kwargs = self._policy_bound_kwargs if radius is None else {**self._policy_bound_kwargs, "radius": radius}
+        return self._policy.bounds(old_logps, **kwargs)
+
+    def _per_token_policy_loss(self, log_ratio, advantages, lower, upper) -> torch.Tensor:
+        """The one place the policy term differs from TRL's: the registered loss on TRL's tensors."""
+        return self._policy.loss(log_ratio, advantages, lower, upper, **self._policy_loss_kwargs)
+
+    # -- count metrics ---------------------------------------------------------------------------------------------
+
+    def _policy_counts(self, old_logps, ratio, log_ratio, advantages, lower, upper, mask) -> dict:
+        """The count metrics of docs/metrics.md against the bounds in force, and the selected loss's own."""
+        with torch.no_grad():
+            lower_t, upper_t = (torch.as_tensor(bound, device=ratio.device) for bound in (lower, upper))
+            counts = clip_counts(old_logps, ratio, advantages, lower_t, upper_t, mask)
+            if self._policy.metrics is not None:
+                kwargs = self._policy_loss_kwargs
+                counts.update(self._policy.metrics(log_ratio.detach(), advantages, lower, upper, mask, **kwargs))
+        return counts
+
+    def _add_counts(self, mode: str, counts: dict) -> None:
+        """Sum `{name: (numerator, denominator)}` over processes (one collective) into this logging window."""
+        stacked = torch.stack([torch.stack([num.double(), den.double()]) for num, den in counts.values()])
+        totals = self.accelerator.reduce(stacked, reduction="sum").tolist()
+        window = self._count_window(mode)
+        for name, (num, den) in zip(counts, totals):
+            window[name][0] += num
+            window[name][1] += den
+
+    def _count_window(self, mode: str) -> dict:
+        if not hasattr(self, "_count_windows"):
+            self._count_windows = {key: defaultdict(lambda: [0.0, 0.0]) for key in ("train", "eval")}
+        return self._count_windows[mode]
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        prefix = "eval_" if mode == "eval" else ""  # as TRL names its metrics in evaluation
+        window = self._count_window(mode)
+        # None where nothing was counted, as TRL logs an empty metric (JSON loggers fail on NaN)
+        counts = {prefix + name: num / den if den > 0 else None for name, (num, den) in window.items()}
+        window.clear()
+        super().log({**logs, **counts}, start_time)
