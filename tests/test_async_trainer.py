@@ -380,8 +380,12 @@ def test_lag_of_each_sample_reaches_the_loss(tiny_model_dir, tmp_path, monkeypat
         assert entry["staleness/lag_max"] == max(lags)
         assert "trl_bandpo/model_version" not in entry  # the carrier key is not logged as a sample metric
         assert "reward" in entry  # TRL's per-sample metrics still are
-    buckets = {bucket for entry in logs for bucket in ("0", "1", "2", "3+")
-               if entry[f"clip_ratio_by_lag/{bucket}"] is not None}  # fmt: skip  (None: no token of that lag)
+    buckets = {
+        bucket
+        for entry in logs
+        for bucket in ("0", "1", "2", "3+")
+        if entry[f"clip_ratio_by_lag/{bucket}"] is not None
+    }  # None: no token of that lag
     assert buckets == {"0", "1", "2", "3+"}
     shares = [entry[f"clip_ratio_by_lag/{bucket}"] for entry in logs for bucket in ("0", "1", "2", "3+")]
     assert all(0 <= share <= 1 for share in shares if share is not None)

@@ -17,7 +17,8 @@ import datasets
 import pytest
 
 from trl_bandpo.cli import train
-from trl_bandpo.cli.recipe import ConfigError, ScriptArguments, parse_args
+from trl_bandpo.cli.recipe import ConfigError, parse_args
+from trl_bandpo.cli.script_arguments import ScriptArguments
 from trl_bandpo.data import (
     BOXED_INSTRUCTION,
     DATASETS,
@@ -312,7 +313,7 @@ def test_script_arguments_fields_and_their_checks():
     with pytest.raises(ValueError, match=r"prompt_template must be one of \['boxed', 'dapo'\], got 'qwen'"):
         ScriptArguments(dataset_name=["d"], prompt_template="qwen")
     for bad in (0, -3, 1.5, True, "1024"):
-        with pytest.raises(ValueError, match=rf"max_prompt_tokens must be an integer >= 1 or null, got {bad!r}"):
+        with pytest.raises(ValueError, match=rf"max_prompt_tokens must be None or an integer >= 1, got {bad!r}"):
             ScriptArguments(dataset_name=["d"], max_prompt_tokens=bad)
     with pytest.warns(UserWarning, match=r"prompt_template='dapo' ignores instruction='Box it.'"):
         ScriptArguments(dataset_name=["d"], prompt_template="dapo", instruction="Box it.")
@@ -336,7 +337,7 @@ def test_recipe_and_command_line_set_the_fields(tmp_path):
     assert (script_args.prompt_template, script_args.max_prompt_tokens) == ("dapo", 1024)
     script_args, _, _ = parse_args(["--config", str(recipe), "--max_prompt_tokens", "none"])
     assert script_args.max_prompt_tokens is None
-    with pytest.raises(ConfigError, match="max_prompt_tokens .*must be an integer or null, got 'long'"):
+    with pytest.raises(ConfigError, match="--max_prompt_tokens.*invalid int value: 'long'"):
         recipe.write_text(base + "max_prompt_tokens: long\n")
         parse_args(["--config", str(recipe)])
     recipe.write_text(base + "prompt_template: chatml\n")

@@ -159,13 +159,14 @@ def shell_commands(page: Path) -> list[str]:
 
 def check_train_arguments(args: list[str]) -> None:
     """`--config RECIPE [--field value ...]`: the recipe exists with known keys, and every flag is a known field."""
-    from trl_bandpo.cli.recipe import known_keys, load_recipe
+    from trl_bandpo.cli.recipe import DATACLASS_TYPES, RecipeParser, read_recipe
 
-    known = known_keys()
+    known = RecipeParser(DATACLASS_TYPES).known
     if "--config" in args:
         recipe = REPO / args[args.index("--config") + 1]
         assert recipe.exists(), f"recipe {recipe} does not exist"
-        load_recipe(recipe, known)
+        unknown = set(read_recipe(recipe)) - known - {"env"}
+        assert not unknown, f"unknown keys {unknown} in {recipe}"
     flags = [a[2:].split("=")[0] for a in args if a.startswith("--") and a not in ("--config", "--help")]
     unknown = [flag for flag in flags if flag not in known]
     assert not unknown, f"unknown training flags {unknown}"
@@ -198,6 +199,8 @@ def check_trl_bandpo(args: list[str]) -> None:
         from trl_bandpo.cli.tiny_model import build_parser
 
         build_parser().parse_args(rest)
+    elif command == "patched-source":
+        assert rest == [], f"patched-source takes no arguments, got {rest}"
     else:
         raise AssertionError(f"unknown trl-bandpo command {command!r}")
 

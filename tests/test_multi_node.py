@@ -137,11 +137,11 @@ def test_train_argv_for_rank_1_through_the_command_line(capsys, monkeypatch):
 
 
 def test_every_recipe_flag_the_builder_adds_is_a_training_field():
-    from trl_bandpo.cli.recipe import known_keys
+    from trl_bandpo.cli.recipe import DATACLASS_TYPES, RecipeParser
 
     argv = mn.train_command(slurm_env(0, "gpu001"), RECIPE)
     flags = [a[2:] for a in argv[argv.index("trl_bandpo.cli.train") + 1 :] if a.startswith("--")]
-    assert flags and set(flags) <= set(known_keys()) | {"config"}
+    assert flags and set(flags) <= RecipeParser(DATACLASS_TYPES).known | {"config"}
 
 
 def test_vllm_argv_and_layout():

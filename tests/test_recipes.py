@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_bandpo.cli.recipe import ConfigError, make_parser, parse_args
+from trl_bandpo.cli.recipe import DATACLASS_TYPES, ConfigError, RecipeParser, parse_args
 from trl_bandpo.cli.train import main, trainer_class_for, validation_settings
 from trl_bandpo.core.losses import policy_loss_spec
 
@@ -358,14 +358,14 @@ def test_command_line_overrides_the_recipe():
 
 
 def test_none_on_the_command_line_unsets_a_recipe_value():
-    _, args, _ = _parse(RECIPE, "--policy_loss", "dgpo", "--delta", "none", "--band_upper_max=null")
-    assert args.policy_loss == "dgpo" and args.delta is None and args.band_upper_max is None
+    _, args, _ = _parse(RECIPE, "--delta", "none", "--band_upper_max=null")
+    assert args.policy_loss == "band" and args.delta is None and args.band_upper_max is None
     with pytest.raises(ConfigError, match="delta"):  # dgpo with the recipe's dual clip left on
         _parse(RECIPE, "--policy_loss", "dgpo")
 
 
 def test_help_renders():
-    assert "--band_radius" in make_parser().format_help()
+    assert "--band_radius" in RecipeParser(DATACLASS_TYPES).format_help()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
-r"""Recipe parsing for `trl-bandpo train`: [`ScriptArguments`] and TRL's `TrlParser`, failing loudly and early.
+r"""Recipe parsing for `trl-bandpo train`: TRL's `TrlParser`, plus only what it lacks.
 
 A recipe (YAML) sets the defaults of three dataclasses and command-line flags override them: [`ScriptArguments`]
-(data, reward), [`~trl_bandpo.PolicyLossConfig`] (every `trl.GRPOConfig` field plus the policy-loss fields) and
-`trl.ModelConfig` (model, dtype, LoRA, quantisation). Unlike `trl grpo`, a key or flag that is no field of these is an
-error naming it, the closest valid names and where it came from; so are a repeated key, a value of the wrong type and
-loss-specific fields without `policy_loss` (`recipe_yaml`, `recipe_checks`). These errors come before the dataclasses
-are built, so before their own checks (such as bf16 on a machine without a GPU) and before any model or data loads.
-With `async_rollouts: true` the second dataclass is [`~trl_bandpo.AsyncPolicyLossConfig`] (TRL's `AsyncGRPOConfig`
-plus the policy-loss fields) and `dtype` is read once, by it.
+(data, reward, validation), [`~trl_bandpo.PolicyLossConfig`] (every `trl.GRPOConfig` field plus the policy-loss
+fields; [`~trl_bandpo.AsyncPolicyLossConfig`] with `async_rollouts: true`) and `trl.ModelConfig`. TRL's parser already
+reads `none` as None for optional numbers and checks each flag's type. `RecipeParser` adds, before any model or data
+loads: repeated YAML keys refused (PyYAML keeps the last silently), unknown keys and flags named with the closest
+valid names, the types of the values the YAML file gives (argparse converts only strings), the required fields, and
+the config's own `UnusedSettingWarning` (a setting the run ignores) as an error. Every other check is the
+dataclasses' own.
 """
 
 from __future__ import annotations
@@ -19,143 +19,179 @@ import os
 import re
 import sys
 import typing
+import warnings
 from collections.abc import Sequence
 
+import yaml
 from trl import ModelConfig, TrlParser
 
-from ..data import TRAINING_MIXES
-from ..training.configs import PolicyLossConfig, config_class_with_loss_fields
-from .errors import ConfigError
-from .recipe_checks import check_namespace, check_recipe_types, loss_specific_fields
-from .recipe_yaml import read_recipe_yaml
-from .script_arguments import REWARDS, ScriptArguments
+from ..training.configs import PolicyLossConfig, UnusedSettingWarning, config_class_with_loss_fields
+from .script_arguments import ScriptArguments
 
-__all__ = [
-    "DATACLASS_TYPES",
-    "REWARDS",
-    "ConfigError",
-    "ScriptArguments",
-    "known_keys",
-    "load_recipe",
-    "make_parser",
-    "parse_args",
-]
+__all__ = ["DATACLASS_TYPES", "ConfigError", "RecipeParser", "parse_args", "read_recipe"]
 
-_CPU_HINT = (
-    " On a machine without a GPU set `use_cpu: true` and `bf16: false` in the recipe (or `--use_cpu true --bf16 "
-    "false`)."
+REQUIRED = {"model_name_or_path": "a hub id or a local folder", "dataset_name": "a mix, registry names or local files"}
+_KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
+_CPU_HINT = " On a machine without a GPU set `use_cpu: true` and `bf16: false` (or `--use_cpu true --bf16 false`)."
+
+
+class ConfigError(ValueError):
+    """A recipe or command line that does not describe a valid run (unknown key, bad value)."""
+
+
+# -- the YAML file ---------------------------------------------------------------------------------------------------
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` whose mappings refuse a repeated key, at any depth (`<<` merge keys may override)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and seen.setdefault(key, line) != line:
+                raise ConfigError(
+                    f"duplicate key {key!r} in recipe {self.name!r} (lines {seen[key]} and {line}): YAML would keep "
+                    "only the last value silently. Keep one of them."
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+_SYNTAX_HINTS = (  # (pattern on a line, hint) for the usual causes of a YAML syntax error
+    (re.compile(r"^\t"), "is indented with a tab: YAML indentation takes spaces only"),
+    (re.compile(r"^\s*--?[A-Za-z_]"), "is command-line syntax: in a recipe write `key: value`"),
+    (re.compile(r"^\s*[A-Za-z_][\w.-]*:(?![\s/])\S"), "has no space after the colon: write `key: value`"),
 )
 
 
-DATACLASS_TYPES = (ScriptArguments, PolicyLossConfig, ModelConfig)
+def read_recipe(path: str | os.PathLike) -> dict:
+    """A recipe file as a dict (`{}` when empty); `ConfigError` for an unreadable file, a repeated key, invalid YAML
+    (with a hint at the likely cause, by line) or content that is no mapping."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read recipe {os.fspath(path)!r}: {err}") from None
+    loader = _RecipeLoader(text)
+    loader.name = os.fspath(path)
+    try:
+        recipe = loader.get_single_data()
+    except yaml.YAMLError as err:
+        recipe = err
+    finally:
+        loader.dispose()
+    if isinstance(recipe, dict) or recipe is None:
+        return recipe or {}
+    hints = [f"Hint: line {number} `{line.strip()}` {hint}." for number, line in enumerate(text.splitlines(), 1)
+             for pattern, hint in _SYNTAX_HINTS if pattern.search(line)]  # fmt: skip
+    problem = f"is not valid YAML: {recipe}" if isinstance(recipe, yaml.YAMLError) else "must be a YAML mapping"
+    raise ConfigError("\n".join([f"recipe {os.fspath(path)!r} {problem}", *hints]))
+
+
+# -- the parser ------------------------------------------------------------------------------------------------------
+
+
+def _close_matches(kind: str, names: Sequence[str], parser, where: str) -> str:
+    lines = [f"unknown {kind} {where}:"]
+    for name in names:
+        close = difflib.get_close_matches(name, parser.known, n=3, cutoff=0.6)
+        lines.append(f"  {name!r}" + (f" (did you mean {', '.join(map(repr, close))}?)" if close else ""))
+    classes = ", ".join(dataclass_type.__name__ for dataclass_type in parser.dataclass_types)
+    lines.append(f"Every key is a field of {classes} (`trl-bandpo train --help` lists them).")
+    return "\n".join(lines)
+
+
+class RecipeParser(TrlParser):
+    """`TrlParser` over (ScriptArguments, a policy-loss config, ModelConfig) whose errors are `ConfigError`s, with
+    the checks of this module's docstring."""
+
+    def __init__(self, dataclass_types, recipe_path=None, **kwargs):
+        super().__init__(dataclass_types, **kwargs)
+        self.recipe_path = recipe_path
+        self.known = {
+            f.name for dataclass_type in dataclass_types for f in dataclasses.fields(dataclass_type) if f.init
+        }
+
+    def error(self, message):  # argparse would print the usage and exit; the entry point reports it
+        raise ConfigError(message)
+
+    def set_defaults_with_config(self, **recipe):
+        unknown = [key for key in recipe if key not in self.known]
+        if unknown:
+            raise ConfigError(_close_matches("field(s)", unknown, self, f"in recipe {self.recipe_path!r}"))
+        hints = {}  # from the annotations: HfArgumentParser rewrites the fields' own types (`float | None` -> float)
+        for dataclass_type in self.dataclass_types:
+            hints.update(typing.get_type_hints(dataclass_type))
+        for action in self._actions:
+            kind = getattr(action.type, "__name__", "")
+            if action.dest in recipe and kind in _KINDS:
+                nullable = type(None) in typing.get_args(hints[action.dest])
+                value = recipe[action.dest]
+                for item in value if isinstance(value, list) and action.nargs == "+" else [value]:
+                    _check_recipe_value(action.dest, item, kind, nullable, self.recipe_path)
+        return super().set_defaults_with_config(**recipe)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, remaining = super().parse_known_args(args, namespace)
+        if remaining:
+            flags = [arg.split("=")[0].lstrip("-").replace("-", "_") for arg in remaining if arg.startswith("-")]
+            raise ConfigError(_close_matches("argument(s)", flags or remaining, self, "on the command line"))
+        missing = [f"{name} ({what})" for name, what in REQUIRED.items() if not getattr(namespace, name, None)]
+        if missing:
+            raise ConfigError(
+                f"missing required field(s): {'; '.join(missing)}. Set them in the recipe (`field: value`) or on the "
+                "command line (`--field value`)."
+            )
+        resume = getattr(namespace, "resume_from_checkpoint", None)  # "true"/"false" mean what the YAML booleans do
+        if isinstance(resume, str) and resume.strip().lower() in ("true", "false"):
+            namespace.resume_from_checkpoint = resume.strip().lower() == "true"
+        return namespace, remaining
+
+
+def _check_recipe_value(name: str, value, kind: str, nullable: bool, path) -> None:
+    """A YAML value (not a string: argparse converts those, and names the flag if it cannot) of the field's type."""
+    if isinstance(value, str) or (value is None and nullable):
+        return
+    if kind == "string_to_bool":
+        fits = isinstance(value, bool)
+    else:
+        fits = not isinstance(value, bool) and isinstance(value, int if kind == "int" else (int, float))
+    if not fits:
+        shown = "null" if value is None else repr(value)
+        raise ConfigError(f"{name} in recipe {path!r} must be {_KINDS[kind]}{' or null' * nullable}, got {shown}.")
 
 
 @functools.cache
 def _async_model_config() -> type:
     """`trl.ModelConfig`'s fields without those `AsyncGRPOConfig` has too (`dtype`): argparse takes each flag once,
-    and the async trainer loads the model with its config's `dtype`. `parse_args` turns it into a `ModelConfig`."""
+    and the async trainer loads the model with its config's `dtype`."""
     from ..training.async_trainer import AsyncPolicyLossConfig
 
     shared = {f.name for f in dataclasses.fields(AsyncPolicyLossConfig)}
-    specs = []
-    for f in dataclasses.fields(ModelConfig):
-        if f.init and f.name not in shared:
-            default = {"default": f.default} if f.default is not dataclasses.MISSING else {}
-            if f.default_factory is not dataclasses.MISSING:
-                default = {"default_factory": f.default_factory}
-            specs.append((f.name, f.type, dataclasses.field(metadata=f.metadata, **default)))
-    return dataclasses.make_dataclass("AsyncModelConfig", specs, namespace={"__module__": __name__})
+    fields = [(f.name, f.type, f) for f in dataclasses.fields(ModelConfig) if f.init and f.name not in shared]
+    return dataclasses.make_dataclass("AsyncModelConfig", fields, namespace={"__module__": __name__})
 
 
-class _NotGiven:
-    """Stand-in default of a field that neither the recipe nor the command line set; prints as the real default."""
-
-    def __init__(self, default):
-        self.default = default
-
-    def __str__(self):
-        return str(self.default)
-
-
-class _RecipeParser(TrlParser):
-    """`TrlParser` whose command-line ``--field none`` overrides (`unset`) win over the recipe's values, whose argparse
-    errors raise `ConfigError`, and which runs `check` on the parsed values before the dataclasses are built.
-
-    argparse would hand the string "none" to the field's type (``float("none")`` fails), so these fields are removed
-    from the command line and set to None as defaults, after `TrlParser` has applied the recipe's defaults. `check`
-    receives ``(namespace, remaining strings, given)``, where `given` holds the fields among `policy_loss` and the
-    loss-specific ones that the recipe (`recipe_keys`) or the command line set.
-    """
-
-    def __init__(self, dataclass_types, **kwargs):
-        super().__init__(dataclass_types, **kwargs)
-        self.unset: tuple[str, ...] = ()
-        self.recipe_keys: frozenset[str] = frozenset()
-        self.check = None
-
-    def error(self, message):  # argparse would print the whole usage and exit; the caller reports and exits
-        raise ConfigError(message)
-
-    def parse_known_args(self, args=None, namespace=None):
-        tracked = ("policy_loss", *loss_specific_fields()) if self.check is not None else ()
-        destinations = {action.dest for action in self._actions}  # the async config lacks some loss fields
-        tracked = [name for name in tracked if name in destinations]
-        not_given = {name: _NotGiven(self.get_default(name)) for name in tracked if name not in self.recipe_keys}
-        self.set_defaults(**not_given)
-        if self.unset:
-            self.set_defaults(**dict.fromkeys(self.unset))
-        try:
-            namespace, remaining = super().parse_known_args(args, namespace)
-        finally:
-            self.set_defaults(**{name: stand_in.default for name, stand_in in not_given.items()})
-        given = set()
-        for name in tracked:
-            value = getattr(namespace, name)
-            if isinstance(value, _NotGiven):
-                setattr(namespace, name, value.default)
-            else:
-                given.add(name)
-        if self.check is not None:
-            self.check(namespace, remaining, given)
-        return namespace, remaining
-
-
-def make_parser(prog: str | None = None, dataclass_types: tuple = DATACLASS_TYPES) -> TrlParser:
-    """A fresh `TrlParser` over (`ScriptArguments`, `PolicyLossConfig`, `ModelConfig`) (or `dataclass_types`).
-
-    Build a new one per parse: `TrlParser` stores the YAML values in its actions' defaults.
-    """
-    return _RecipeParser(dataclass_types, prog=prog or "trl-bandpo train")
-
-
-def known_keys(dataclass_types: tuple = DATACLASS_TYPES) -> set[str]:
-    """Every valid recipe key and flag: the init fields of `ScriptArguments`, `PolicyLossConfig`, `ModelConfig`."""
-    return {f.name for dataclass_type in dataclass_types for f in dataclasses.fields(dataclass_type) if f.init}
-
-
-def _given_value(argv: Sequence[str], recipe: dict, name: str, flag_alone=None):
-    """The value of `name` the parse will see: the command line's (``--name value``, ``--name=value``, or
-    `flag_alone` for a bare ``--name``) over the recipe's; None when neither sets it."""
+def _given(argv: Sequence[str], recipe: dict, name: str, bare=None):
+    """The value of `name` on the command line (`--name value`, `--name=value`, or `bare` for a bare `--name`), else
+    in the recipe."""
     value = recipe.get(name)
     for index, arg in enumerate(argv):
         if arg == f"--{name}":
-            following = argv[index + 1] if index + 1 < len(argv) else None
-            value = following if following is not None and not following.startswith("--") else flag_alone
+            following = argv[index + 1] if index + 1 < len(argv) else "--"
+            value = bare if following.startswith("--") else following
         elif arg.startswith(f"--{name}="):
             value = arg.partition("=")[2]
     return value
 
 
-def _dataclass_types_for(argv: Sequence[str], recipe: dict) -> tuple:
-    """`DATACLASS_TYPES`, with two substitutions for `PolicyLossConfig`: `AsyncPolicyLossConfig` when
-    `async_rollouts` is set (TRL's asynchronous trainer, docs/off-policy-and-async.md), and, when the policy loss is
-    an import path `package.module:loss` (a loss registered in the user's code, docs/adding-a-policy-loss.md), the
-    config extended by that loss's fields, so that the recipe and the command line set them like ours."""
-    asynchronous = _given_value(argv, recipe, "async_rollouts", flag_alone=True)
-    if isinstance(asynchronous, str):  # the spellings argparse's boolean flags accept
-        spelled = asynchronous.strip().lower()
-        asynchronous = True if spelled in ("true", "yes", "1", "y", "t") else spelled
-        asynchronous = False if asynchronous in ("false", "no", "0", "n", "f") else asynchronous
+def _dataclass_types(argv: Sequence[str], recipe: dict) -> tuple:
+    """(ScriptArguments, the config, the model config): `AsyncPolicyLossConfig` for `async_rollouts`, and a config
+    extended by the fields of a policy loss given by import path (docs/adding-a-policy-loss.md)."""
+    asynchronous = _given(argv, recipe, "async_rollouts", bare=True)
+    if isinstance(asynchronous, str):
+        asynchronous = {"true": True, "false": False}.get(asynchronous.strip().lower(), asynchronous)
     if asynchronous is not None and not isinstance(asynchronous, bool):  # it selects the config: checked first
         raise ConfigError(f"async_rollouts must be true or false, got {asynchronous!r}.")
     config_class, model_config_class = PolicyLossConfig, ModelConfig
@@ -163,199 +199,59 @@ def _dataclass_types_for(argv: Sequence[str], recipe: dict) -> tuple:
         from ..training.async_trainer import AsyncPolicyLossConfig
 
         config_class, model_config_class = AsyncPolicyLossConfig, _async_model_config()
-    policy_loss = _given_value(argv, recipe, "policy_loss")
+    policy_loss = _given(argv, recipe, "policy_loss")
     if isinstance(policy_loss, str) and ":" in policy_loss:
         try:
             config_class = config_class_with_loss_fields(config_class, policy_loss)
         except ValueError as err:
             raise ConfigError(str(err)) from err
-    return (ScriptArguments, config_class, model_config_class)
+    return ScriptArguments, config_class, model_config_class
 
 
-def _unknown_message(kind: str, names: Sequence[str], known: set[str], where: str) -> str:
-    lines = [f"unknown {kind} {where}:"]
-    for name in names:
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
-        hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
-        lines.append(f"  {name!r}{hint}")
-    if "weight_sync_steps" in known:  # AsyncPolicyLossConfig's field: async_rollouts is on
-        config = "AsyncPolicyLossConfig (TRL's AsyncGRPOConfig + trl-bandpo fields, as async_rollouts is true)"
-    else:
-        config = "PolicyLossConfig (trl.GRPOConfig + trl-bandpo fields)"
-    lines.append(
-        f"Every key must be a field of ScriptArguments, {config} or trl.ModelConfig; run "
-        "`python -m trl_bandpo.cli.train --help` for the list."
-    )
-    return "\n".join(lines)
-
-
-def _normalize_config_flag(argv: list[str]) -> tuple[str | None, list[str]]:
-    """Rewrite ``--config=PATH`` as ``--config PATH`` (the form `TrlParser` reads); return (PATH or None, argv)."""
-    out, config_path, i = [], None, 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--config" or arg.startswith("--config="):
-            if config_path is not None:
-                raise ConfigError("--config was given more than once.")
-            if arg == "--config":
-                if i + 1 >= len(argv):
-                    raise ConfigError("--config needs a path to a YAML recipe.")
-                config_path = argv[i + 1]
-                i += 1
-            else:
-                config_path = arg.split("=", 1)[1]
-            out.extend(["--config", config_path])
-        else:
-            out.append(arg)
-        i += 1
-    return config_path, out
-
-
-def load_recipe(path: str | os.PathLike, known: set[str] | None = None) -> dict:
-    """Read a recipe YAML file as a dict, raising `ConfigError` for unreadable files, YAML syntax errors (with a hint
-    at the likely cause), repeated keys and unknown keys.
-
-    Args:
-        path: the recipe. An empty file is an empty recipe.
-        known: valid keys (`known_keys()`); None skips the key check. ``env`` (variables to export) is always valid.
-    """
-    recipe = read_recipe_yaml(path)
-    if recipe is None:
-        recipe = {}
-    if "env" in recipe and not isinstance(recipe["env"], dict):
-        raise ConfigError(f"`env` in recipe {os.fspath(path)!r} must be a mapping of variable: value.")
-    if known is not None:
-        check_recipe_keys(recipe, known, path)
-    return recipe
-
-
-def check_recipe_keys(recipe: dict, known: set[str], path: str | os.PathLike) -> None:
-    """A `ConfigError` naming the recipe's keys that are no field (with the closest valid names)."""
-    unknown = [key for key in recipe if key != "env" and key not in known]
-    if unknown:
-        raise ConfigError(_unknown_message("field(s)", unknown, known, f"in recipe {os.fspath(path)!r}"))
-
-
-def _nullable_fields() -> set[str]:
-    """Numeric / boolean fields that admit None (``delta: float | None``, ``generation_batch_size: int | None``...):
-    ``--field none`` / ``--field null`` sets them to None. String fields are left alone: for them "none" can be a
-    value (``--report_to none``)."""
-    names = set()
-    for dataclass_type in DATACLASS_TYPES:
-        for name, hint in typing.get_type_hints(dataclass_type).items():
-            args = typing.get_args(hint)
-            others = [arg for arg in args if arg is not type(None)]
-            if len(others) < len(args) and others and all(arg in (int, float, bool) for arg in others):
-                names.add(name)
-    return names
-
-
-def _none_hint(message: str) -> str:
-    """The hint ``(on the command line: `--FIELD none`)`` when `message` says None is allowed and the field it names
-    first takes ``--FIELD none`` on the command line (`_nullable_fields`, or a string field that reads "none" as
-    None); else "" (``policy_loss must be one of [...], got None`` allows no None)."""
-    if "None" not in message:
-        return ""
-    found = [(match.start(), name) for name in known_keys() if (match := re.search(rf"\b{name}\b", message))]
-    if not found:
-        return ""
-    name = min(found)[1]
-    return f" (on the command line: `--{name} none`)" if name in _none_on_the_command_line() else ""
-
-
-def _none_on_the_command_line() -> set[str]:
-    """Fields for which ``--field none`` means None: the nullable numeric / boolean ones, and the string fields whose
-    own check reads "none" as None."""
-    return _nullable_fields() | _NONE_STRING_FIELDS
-
-
-#: String fields whose own check turns "none" / "null" into None (`PolicyLossConfig`, `ScriptArguments`).
-_NONE_STRING_FIELDS = {"band_radius_by", "instruction", "val_preset"}
-
-
-def _pop_none_overrides(argv: list[str], nullable: set[str]) -> tuple[list[str], list[str]]:
-    """Remove ``--field none|null`` (and ``--field=none``) for nullable fields; return (rest, fields to set None)."""
-    rest, nones, i = [], [], 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("--"):
-            name, eq, value = arg[2:].partition("=")
-            dest = name.replace("-", "_")
-            if not eq and i + 1 < len(argv):
-                value = argv[i + 1]
-            if dest in nullable and value.strip().lower() in ("none", "null"):
-                nones.append(dest)
-                i += 1 if eq else 2
-                continue
-        rest.append(arg)
-        i += 1
-    return rest, nones
+#: The dataclasses of a synchronous run with a built-in policy loss.
+DATACLASS_TYPES = (ScriptArguments, PolicyLossConfig, ModelConfig)
 
 
 def parse_args(argv: Sequence[str] | None = None):
-    """Parse ``--config recipe.yaml`` and command-line overrides into the three dataclasses.
-
-    `TrlParser.parse_args_and_config` exports the recipe's ``env:`` mapping, makes its values the parser's defaults
-    and lets the command line override them; ``--field none`` sets a nullable numeric field to None.
-
-    Checked in this order, each before anything that follows it: the recipe's syntax, repeated and unknown keys and
-    value types; unknown flags; the required fields (`model_name_or_path`, `dataset_name`); an explicit `policy_loss`
-    when loss-specific fields are set; then the dataclasses' own checks. ``--resume_from_checkpoint true|false``
-    means what the YAML booleans mean.
-
-    Returns:
-        `(ScriptArguments, PolicyLossConfig, ModelConfig)`.
-
-    Raises:
-        ConfigError: for an unreadable or malformed recipe, repeated or unknown recipe keys or flags (named, with the
-            closest valid names), missing required fields and invalid values.
-    """
+    """`(ScriptArguments, the policy-loss config, ModelConfig)` of ``--config recipe.yaml`` and the command-line
+    overrides, or a `ConfigError` before any model or data loads."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    config_path, argv = _normalize_config_flag(argv)
-    recipe = {} if config_path is None else load_recipe(config_path)
-    dataclass_types = _dataclass_types_for(argv, recipe)  # a policy loss by import path brings its own fields
-    known = known_keys(dataclass_types)
-    # Checked before TrlParser exports `env:` and builds the dataclasses, whose own errors would hide a misspelled key.
-    if config_path is not None:
-        check_recipe_keys(recipe, known, config_path)
-        check_recipe_types(recipe, dataclass_types, f"in recipe {config_path!r}")
-    if config_path is not None and not recipe:
-        at = argv.index("--config")  # an empty recipe sets nothing (TrlParser rejects a file that holds no mapping)
-        del argv[at : at + 2]
-    argv, nones = _pop_none_overrides(argv, _nullable_fields())
-    parser = make_parser(dataclass_types=dataclass_types)
-    parser.unset = tuple(nones)
-    parser.recipe_keys = frozenset(recipe)
-
-    def unknown_flags(names, rest):
-        return _unknown_message("argument(s)", names, known, f"on the command line ({rest})")
-
-    parser.check = functools.partial(check_namespace, unknown_message=unknown_flags)
+    for index, arg in enumerate(argv):  # `--config=PATH` as TrlParser reads it
+        if arg.startswith("--config="):
+            argv[index : index + 1] = ["--config", arg.partition("=")[2]]
+    if argv.count("--config") > 1:
+        raise ConfigError("--config was given more than once.")
+    recipe, path = {}, None
+    if "--config" in argv:
+        at = argv.index("--config")
+        if at + 1 >= len(argv):
+            raise ConfigError("--config needs a path to a YAML recipe.")
+        path = argv[at + 1]
+        recipe = read_recipe(path)
+        if not recipe:  # an empty recipe sets nothing (TrlParser refuses a file that holds no mapping)
+            del argv[at : at + 2]
+    if not isinstance(recipe.get("env", {}), dict):
+        raise ConfigError("`env` in the recipe must be a mapping of variable: value.")
+    parser = RecipeParser(_dataclass_types(argv, recipe), recipe_path=path, prog="trl-bandpo train")
     try:
-        *parsed, recipe_rest, _ = parser.parse_args_and_config(
-            argv, return_remaining_strings=True, separate_remaining_strings=True
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UnusedSettingWarning)
+            script_args, training_args, model_args = parser.parse_args_and_config(argv)
     except ConfigError:
         raise
-    except (ValueError, TypeError) as err:  # __post_init__ validation of any of the three dataclasses
-        hint = _none_hint(str(err))
-        hint += _CPU_HINT if "bf16" in str(err) and "use_cpu" in str(err) else ""
+    except UnusedSettingWarning as warning:
+        raise ConfigError(
+            f"{warning} In a recipe this is an error: remove the setting or change policy_loss."
+        ) from None
+    except (ValueError, TypeError) as err:  # the dataclasses' own checks
+        hint = _CPU_HINT if "bf16" in str(err) and "use_cpu" in str(err) else ""
         raise ConfigError(f"invalid configuration: {err}{hint}") from err
-    if recipe_rest:  # recipe keys TrlParser did not consume, as ["--key", "value", ...]
-        names = [flag[2:] for flag in recipe_rest[::2]]
-        raise ConfigError(_unknown_message("field(s)", names, known, f"in recipe {config_path!r}"))
-    script_args, training_args, model_args = parsed
-    if not script_args.dataset_name:
-        mixes = ", ".join(TRAINING_MIXES)
-        raise ConfigError(f"dataset_name is required: a mix ({mixes}), registry names or local files.")
-    if not model_args.model_name_or_path:
-        raise ConfigError("model_name_or_path is required (a hub id or a local folder).")
     if script_args.async_rollouts:
-        model_args = _check_async_model_args(model_args, training_args)
+        model_args = _async_model_args(model_args, training_args)
     return script_args, training_args, model_args
 
 
-def _check_async_model_args(model_args, training_args) -> ModelConfig:
+def _async_model_args(model_args, training_args) -> ModelConfig:
     """The `ModelConfig` of an `async_rollouts` run (`dtype` from the training config), refusing what TRL's
     asynchronous trainer cannot honour: it loads the model itself, with its tree attention and no quantisation."""
     if model_args.load_in_4bit or model_args.load_in_8bit:
@@ -369,7 +265,4 @@ def _check_async_model_args(model_args, training_args) -> ModelConfig:
             f"attn_implementation={model_args.attn_implementation!r} cannot be used with async_rollouts: true: TRL's "
             "asynchronous trainer packs samples into prefix trees and sets its own attention. Remove it."
         )
-    try:
-        return ModelConfig(**dataclasses.asdict(model_args), dtype=training_args.dtype)
-    except (ValueError, TypeError) as err:
-        raise ConfigError(f"invalid configuration: {err}") from err
+    return ModelConfig(**dataclasses.asdict(model_args), dtype=training_args.dtype)

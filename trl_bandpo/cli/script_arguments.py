@@ -1,15 +1,17 @@
 """`ScriptArguments`: the data, reward and validation fields of a recipe (next to `PolicyLossConfig` and TRL's
-`ModelConfig`), with the checks argparse does not make on values that come from a YAML file. The validation fields
-(``val_*``) are those of `trl_bandpo.evaluation.ValidationSettings`, which checks them (`recipe_fields`)."""
+`ModelConfig`), each checked once when it is built (`FIELD_CHECKS`). The validation fields (``val_*``) are those of
+`trl_bandpo.evaluation.ValidationSettings`, which checks them (`recipe_fields`)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from ..core.checks import Choice, Flag, Integer, Number, none_word, refuse
 from ..data import BOXED_INSTRUCTION, PROMPT_TEMPLATES, TRAINING_MIXES
 from ..evaluation.settings import recipe_fields
-from .recipe_checks import check_prompt_fields
 
 __all__ = ["REWARDS", "ScriptArguments"]
 
@@ -19,7 +21,6 @@ REWARDS = {
     "accuracy": (1.0, 0.0, "boxed_accuracy_reward"),
     "dapo": (1.0, -1.0, "dapo_reward"),
 }
-_NONE_STRINGS = ("none", "null", "")
 
 
 @dataclass
@@ -132,41 +133,45 @@ class ScriptArguments(recipe_fields()):
         metadata={"help": "Train with TRL's asynchronous GRPO trainer and a vLLM server (AsyncBandPOTrainer, ...)."},
     )
 
+    FIELD_CHECKS: ClassVar[dict] = {
+        "prompt_template": Choice(tuple(PROMPT_TEMPLATES)),
+        "reward": Choice(tuple(REWARDS)),
+        "reward_timeout": Number(low=0, low_open=True),
+        **dict.fromkeys(("max_prompt_tokens", "max_train_samples", "max_eval_samples", "reward_num_workers"),
+                        Integer(low=1, optional=True)),
+        "async_rollouts": Flag(),
+    }  # fmt: skip
+
     def __post_init__(self):
-        # argparse checks neither the types nor the choices of values that come from the YAML file.
         for name in ("dataset_name", "eval_dataset_name"):
             value = getattr(self, name)
-            if value is not None and not (
-                isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
-            ):
-                raise ValueError(
-                    f"{name} must be a string or a list of strings (names or local files), got {value!r}."
-                )
-        for name in ("dataset_split", "problem_field", "answer_field", "instruction"):
-            value = getattr(self, name)
             if value is not None and not isinstance(value, str):
-                raise ValueError(f"{name} must be a string or null, got {value!r} ({type(value).__name__}).")
-        self.dataset_name = _split_names(self.dataset_name)
-        self.eval_dataset_name = _split_names(self.eval_dataset_name)
-        if isinstance(self.instruction, str) and self.instruction.strip().lower() in _NONE_STRINGS:
-            self.instruction = None
-        check_prompt_fields(self.prompt_template, self.instruction, self.reward)
-        if not isinstance(self.reward, str) or self.reward not in REWARDS:
-            raise ValueError(f"reward must be one of {list(REWARDS)}, got {self.reward!r}.")
-        if isinstance(self.reward_timeout, bool) or not isinstance(self.reward_timeout, (int, float)):
-            raise ValueError(f"reward_timeout must be a number of seconds, got {self.reward_timeout!r}.")
-        if not 0 < float(self.reward_timeout) < float("inf"):
-            raise ValueError(
-                f"reward_timeout must be a positive finite number of seconds, got {self.reward_timeout!r}"
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    refuse(name, "a string or a list of strings (names or local files)", value)
+            setattr(self, name, _split_names(value))
+        for name in ("dataset_split", "problem_field", "answer_field", "instruction"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                refuse(name, "a string or null", getattr(self, name))
+        self.instruction = None if not self.instruction else none_word(self.instruction)
+        for name, check in self.FIELD_CHECKS.items():
+            setattr(self, name, check(getattr(self, name), name))
+        if self.prompt_template == "dapo" and self.instruction not in (None, BOXED_INSTRUCTION):
+            warnings.warn(
+                f"prompt_template='dapo' ignores instruction={self.instruction!r}: DAPO's template carries its own "
+                "instruction. Remove `instruction`, or set `prompt_template: boxed` to use it.",
+                UserWarning,
+                stacklevel=3,
+            )
+        if (self.reward == "dapo") != (self.prompt_template == "dapo"):
+            warnings.warn(
+                f"reward={self.reward!r} with prompt_template={self.prompt_template!r}: the 'dapo' reward reads the "
+                "'Answer:' line that DAPO's template asks for, the other rewards the last \\boxed{}; a prompt asking "
+                "for the other format scores every answer wrong. Use 'dapo' for both, or for neither.",
+                UserWarning,
+                stacklevel=3,
             )
         self.validation = self.validation_settings(self.prompt_template)  # the val_* fields, checked
         self.val_preset = self.validation.preset  # "none" read as None
-        for name in ("max_train_samples", "max_eval_samples", "max_prompt_tokens", "reward_num_workers"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be an integer >= 1 or null, got {value!r}.")
-        if not isinstance(self.async_rollouts, bool):
-            raise ValueError(f"async_rollouts must be true or false, got {self.async_rollouts!r}.")
         if self.async_rollouts:
             given = {"val_preset": self.val_preset, "val_benchmarks": self.val_benchmarks,
                      "eval_dataset_name": self.eval_dataset_name}  # fmt: skip

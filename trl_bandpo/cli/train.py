@@ -7,7 +7,7 @@ Usage (see `recipes/README.md` for the recipes and how their batch sizes map ont
     trl-bandpo train --config recipes/lora/qwen2.5-0.5b-instruct_band-kl-0.05.yaml --max_steps 20
     python -m trl_bandpo.cli.train --help
 
-Every recipe key is a field of [`~trl_bandpo.cli.recipe.ScriptArguments`] (data, reward),
+Every recipe key is a field of [`~trl_bandpo.cli.script_arguments.ScriptArguments`] (data, reward),
 [`trl_bandpo.PolicyLossConfig`] (every `trl.GRPOConfig` field plus `policy_loss`, `band_*`, `dgpo_*`, `ce_gppo_*`,
 `aspo_*`) or `trl.ModelConfig` (model, dtype, LoRA, 4/8-bit loading); `trl_bandpo.cli.recipe` parses them. The trainer
 class follows `policy_loss`: `DGPOTrainer` for `"dgpo"`, `BandPOTrainer` otherwise; both run every policy loss, the
@@ -29,12 +29,11 @@ from trl import ModelConfig
 from ..data import TRAINING_MIXES
 from ..training.configs import PolicyLossConfig
 from ..training.library_noise import library_noise_filtered
-from .recipe import REWARDS, ConfigError, ScriptArguments, make_parser, parse_args
+from .recipe import ConfigError, parse_args
+from .script_arguments import REWARDS, ScriptArguments
 
 __all__ = [
-    "REWARDS",
     "ConfigError",
-    "ScriptArguments",
     "build_reward",
     "build_validation",
     "check_dataset_size",
@@ -43,7 +42,6 @@ __all__ = [
     "load_prompt_tokenizer",
     "load_train_data",
     "main",
-    "make_parser",
     "parse_args",
     "run",
     "trainer_class_for",

@@ -207,8 +207,8 @@ class PolicyLossConfig(GRPOConfig):
 
 
 def _field_checks() -> dict[str, tuple[Any, bool]]:
-    """`{field: (check, whether None means "read the fallback field")}`: our fields' own checks (`FIELD_CHECKS`), the loss
-    registry's (one per config field, whichever loss reads it) and `TRL_FIELD_CHECKS`."""
+    """`{field: (check, whether None means "read the fallback field")}`: our fields' own checks (`FIELD_CHECKS`), the
+    loss registry's (one per config field, whichever loss reads it) and `TRL_FIELD_CHECKS`."""
     checks = {name: (check, False) for name, check in PolicyLossConfig.FIELD_CHECKS.items()}
     for spec in registered_policy_losses().values():
         for hp in spec.hyperparameters:
@@ -434,10 +434,10 @@ def policy_settings(trainer_name: str, args, config_class: type, family: type):
     if all(hasattr(args, name) for name in own):
         return args
     if not isinstance(args, family):
+        article = "an" if family.__name__[0] in "AEIOU" else "a"
         raise TypeError(
-            f"{trainer_name} needs a{'n' * family.__name__.startswith('A')} {family.__name__} ({config_class.__name__}, "
-            f"or any {family.__name__} subclass), "
-            f"got {type(args).__name__}."
+            f"{trainer_name} needs {article} {family.__name__} ({config_class.__name__}, or any {family.__name__} "
+            f"subclass), got {type(args).__name__}."
         )
     view = PolicySettings(args, config_class)
     check_fields(view)

@@ -20,7 +20,7 @@ import re
 import unicodedata
 from decimal import MAX_EMAX, MIN_EMIN, ROUND_DOWN, ROUND_HALF_EVEN, Context, Decimal, localcontext
 
-from . import hendrycks
+from .hendrycks import normalize as hendrycks_normalize
 
 _TEXT_ONLY = re.compile(r"^\\text\{(?P<text>.+?)\}$")
 
@@ -35,7 +35,7 @@ def mathd_normalize(answer: str | None) -> str | None:
     if match is not None:
         answer = match.group("text").strip()
     try:
-        return hendrycks.normalize(answer)
+        return hendrycks_normalize(answer)
     except ValueError:
         return answer
 
