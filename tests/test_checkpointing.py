@@ -191,3 +191,44 @@ def test_resume_true_without_a_complete_checkpoint_says_so(tiny_model_dir, tmp_p
     trainer = _resume_run(tiny_model_dir, tmp_path)
     with pytest.warns(UserWarning, match="checkpoint-3"), pytest.raises(ValueError, match="no complete checkpoint"):
         trainer.train(resume_from_checkpoint=True)
+
+
+# --- resuming under other settings: the buffer is not replayed; a foreign file is refused -------------------------
+
+
+@pytest.mark.parametrize(
+    "changed, named",
+    [
+        (dict(policy_loss="dgpo"), "policy_loss: 'band' then, 'dgpo' now"),
+        (dict(steps_per_generation=4), "steps_per_generation: 2 then, 4 now"),
+        (dict(band_radius=0.1), "band.radius: 0.05 then, 0.1 now"),
+    ],
+)
+def test_a_buffer_made_under_other_settings_is_not_replayed(tiny_model_dir, saved_checkpoint, tmp_path, changed, named):
+    """band -> dgpo would feed the buffered Band bounds to the DGPO loss; 2 -> 4 steps per generation indexed past the
+    buffered micro-batches (an IndexError after the model loaded). Both now regenerate, naming what changed."""
+    run_dir = _copy(saved_checkpoint, tmp_path)
+    resumed = _resume_run(tiny_model_dir, run_dir, **changed)
+    with pytest.warns(UserWarning, match="made under other settings.*" + named.replace("(", r"\(")):
+        resumed.train(resume_from_checkpoint=str(run_dir / "checkpoint-1"))
+    assert resumed.state.global_step == resumed.args.max_steps
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (lambda state: {**state, "extra": 1}, "not the keys"),
+        (lambda state: {key: value for key, value in state.items() if key != "settings"}, "not the keys"),
+        (lambda state: {**state, "step": state["step"] + 3}, "micro-step 5 is not the checkpoint's 2"),
+        (lambda state: {**state, "buffered_inputs": "batch"}, "not a list of batches"),
+        (lambda state: [state], "it holds list"),
+    ],
+    ids=["extra-key", "missing-key", "other-step", "not-batches", "not-a-dict"],
+)
+def test_a_foreign_buffer_file_is_a_named_error(tiny_model_dir, saved_checkpoint, tmp_path, content, needle):
+    run_dir = _copy(saved_checkpoint, tmp_path)
+    path = run_dir / "checkpoint-1" / BUFFER
+    torch.save(content(torch.load(path, weights_only=True)), path)
+    resumed = _resume_run(tiny_model_dir, run_dir)
+    with pytest.raises(ValueError, match=f"cannot read .*{BUFFER}.*{needle}"):
+        resumed.train(resume_from_checkpoint=str(run_dir / "checkpoint-1"))

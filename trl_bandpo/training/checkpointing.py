@@ -8,7 +8,9 @@ prompts, and restores them on resume, so a resumed run equals the uninterrupted 
 
 The file is written after the model and optimizer and before `trainer_state.json` (the mark of a complete
 checkpoint), through a temporary file and a rename; it holds only tensors and plain containers and is read with
-`torch.load(weights_only=True)`, so a checkpoint folder from elsewhere cannot execute code.
+`torch.load(weights_only=True)`, so a checkpoint folder from elsewhere cannot execute code. With the buffer it saves
+the settings the buffer was made under (`buffer_settings`: the batch layout, the policy loss and its bounds, ...): a
+run resumed under other settings does not replay it, but regenerates, with a warning naming each changed setting.
 `train(resume_from_checkpoint=True)` skips a newest checkpoint that has no `trainer_state.json` (a save that was
 interrupted), with a warning naming it.
 """
@@ -23,7 +25,7 @@ import torch
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-__all__ = ["BUFFER_FILE", "GenerationBufferCheckpointing", "last_complete_checkpoint"]
+__all__ = ["BUFFER_FILE", "GenerationBufferCheckpointing", "buffer_settings", "last_complete_checkpoint"]
 
 #: Per-process file of a checkpoint holding the generation batch still being trained on.
 BUFFER_FILE = "generation_buffer_rank{rank}.pt"
@@ -49,6 +51,27 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
     return None
 
 
+#: The TRL settings a buffered generation batch depends on: how it is split into micro-batches and reused, and what
+#: its tensors hold (the old policy, the reference log-probs, vLLM's correction).
+_TRL_SETTINGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+                 "num_iterations", "num_generations", "generation_batch_size", "max_completion_length", "beta",
+                 "use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                 "loss_type")  # fmt: skip
+#: Ours: the policy loss whose bounds are buffered, and what they are computed from.
+_OWN_SETTINGS = ("policy_loss", "band_radius_by", "band_radius_exponent", "band_radius_min", "band_radius_max",
+                 "old_logps_source", "dynamic_sampling")  # fmt: skip
+
+
+def buffer_settings(trainer) -> dict:
+    """The settings a trainer's buffered generation batch depends on, as plain values (saved with it)."""
+    settings = {name: getattr(trainer.args, name, None) for name in _TRL_SETTINGS}
+    settings.update({name: getattr(trainer.policy_args, name, None) for name in _OWN_SETTINGS})
+    kwargs = {**trainer._policy_bound_kwargs, **trainer._policy_loss_kwargs}
+    settings.update({f"{trainer.policy_loss}.{key}": value for key, value in kwargs.items() if not callable(value)})
+    return {key: value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
+            for key, value in settings.items()}  # fmt: skip
+
+
 class GenerationBufferCheckpointing:
     """Mixin for `GRPOTrainer` subclasses (it uses TRL's `_step` and `_buffered_inputs`)."""
 
@@ -72,6 +95,7 @@ class GenerationBufferCheckpointing:
             "step": self._step,
             "buffered_inputs": self._buffered_inputs,
             "extra_prompt_rng": None if generator is None else generator.get_state(),
+            "settings": buffer_settings(self),
         }
         path = os.path.join(output_dir, BUFFER_FILE.format(rank=self.accelerator.process_index))
         torch.save(state, path + ".tmp")
@@ -85,7 +109,22 @@ class GenerationBufferCheckpointing:
         generate_every = self.args.steps_per_generation * self.num_iterations
         step = self.state.global_step * self.args.gradient_accumulation_steps
         if os.path.exists(path):
-            state = _load_buffer(path, self.accelerator.device)
+            state = _load_buffer(path, self.accelerator.device, step)
+            changed = {
+                key: (value, now)
+                for key, value in state["settings"].items()
+                if (now := buffer_settings(self).get(key, "<absent>")) != value
+            }
+            if changed:
+                warnings.warn(
+                    f"{checkpoint} holds a generation batch made under other settings ("
+                    + ", ".join(f"{key}: {old!r} then, {new!r} now" for key, (old, new) in changed.items())
+                    + "): it is not replayed; the resumed run generates a new batch at once, so it will not match an "
+                    "uninterrupted run. Resume with the saved settings to replay it.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                return
             self._step, self._buffered_inputs = state["step"], state["buffered_inputs"]
             if state.get("extra_prompt_rng") is not None:
                 self._extra_prompt_generator = torch.Generator()
@@ -100,8 +139,14 @@ class GenerationBufferCheckpointing:
             )
 
 
-def _load_buffer(path: str, device) -> dict:
-    """The saved state, read without executing anything: tensors and plain containers only."""
+def _load_buffer(path: str, device, step: int) -> dict:
+    """The saved state, read without executing anything (tensors and plain containers only) and checked to be a
+    generation-buffer file of this checkpoint: its keys, and its micro-step counter equal to the checkpoint's."""
+    damaged = (
+        f"cannot read {path}: the file is truncated or damaged, or is no generation-buffer file of this checkpoint "
+        "({}). Resume from an earlier checkpoint, or delete this file to resume without the buffered batch (the run "
+        "then regenerates at once)."
+    )
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -110,11 +155,15 @@ def _load_buffer(path: str, device) -> dict:
             f"written by trl-bandpo and loading it could run code ({error})."
         ) from None
     except (RuntimeError, EOFError, OSError) as error:
-        raise ValueError(
-            f"cannot read {path} ({type(error).__name__}: {error}): the file is truncated or damaged. Resume from "
-            "an earlier checkpoint, or delete this file to resume without the buffered batch (the run then "
-            "regenerates at once)."
-        ) from None
-    if not isinstance(state, dict) or not {"step", "buffered_inputs"} <= set(state):
-        raise ValueError(f"{path} is not a generation-buffer file of trl-bandpo (it holds a {type(state).__name__}).")
+        raise ValueError(damaged.format(f"{type(error).__name__}: {error}")) from None
+    keys = {"step", "buffered_inputs", "extra_prompt_rng", "settings"}
+    if not isinstance(state, dict) or set(state) != keys:
+        found = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(damaged.format(f"it holds {found}, not the keys {sorted(keys)}"))
+    if state["step"] != step or not isinstance(state["settings"], dict):
+        raise ValueError(damaged.format(f"its micro-step {state['step']!r} is not the checkpoint's {step}"))
+    if not isinstance(state["buffered_inputs"], list) or not all(
+        item is None or isinstance(item, dict) for item in state["buffered_inputs"]
+    ):
+        raise ValueError(damaged.format("its buffered batch is not a list of batches"))
     return state
