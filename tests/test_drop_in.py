@@ -256,3 +256,10 @@ def test_trls_warnings_from_our_constructor_point_at_the_users_line(tiny_model_d
             pass  # the tiny tokenizer's chat template has no tool calling: TRL refuses it after warning
     experimental = [w for w in caught if "experimental" in str(w.message)]
     assert experimental and all(w.filename == __file__ for w in experimental)
+
+
+def test_a_model_folder_that_does_not_exist_is_named(tmp_path):
+    """The hub would answer "Repo id must be in the form ..." for a path: the trainers say the folder is missing."""
+    for trainer_class in (BandPOTrainer, DGPOTrainer):
+        with pytest.raises(ValueError, match=r"model '.*missing' is no folder here \(it does not exist\)"):
+            trainer_class(model=str(tmp_path / "missing"), reward_funcs=shaped_reward)

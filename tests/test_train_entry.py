@@ -537,3 +537,90 @@ def test_the_documented_cpu_command_runs_a_recipe_offline_in_about_a_minute(tmp_
     assert state["global_step"] == 2 and len([e for e in state["log_history"] if "loss" in e]) == 2
     for noise in ("FutureWarning", "Setting accelerator to CPU", "exceed the", "Traceback"):
         assert noise not in output, noise
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What would fail after the model loads is refused before anything loads (exit 2, one line)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _refused_before_loading(recipe, *flags, capsys, monkeypatch) -> str:
+    """Runs `trl-bandpo train`; nothing may load: the data loader and the trainer raise if reached."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("the data or the model loaded before the setting was refused")
+
+    monkeypatch.setattr(train, "load_train_data", never)
+    monkeypatch.setattr(train, "trainer_class_for", never)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--config", str(recipe), *flags])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("trl-bandpo train: error: ") and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_output_dir_that_is_a_file_or_unwritable_is_refused_first(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    recipe = _write_recipe(tmp_path, tiny_model_dir, processes=1)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    err = _refused_before_loading(recipe, "--output_dir", str(a_file), capsys=capsys, monkeypatch=monkeypatch)
+    assert "output_dir" in err and "existing file" in err
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.access(locked, os.W_OK):  # root ignores the mode
+        pytest.skip("this user can write anywhere")
+    err = _refused_before_loading(recipe, "--output_dir", str(locked / "run"), capsys=capsys, monkeypatch=monkeypatch)
+    assert "not a writable folder" in err
+
+
+def test_resume_true_without_a_checkpoint_is_refused_first(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    recipe = _write_recipe(tmp_path, tiny_model_dir, processes=1)
+    out = tmp_path / "fresh"
+    err = _refused_before_loading(
+        recipe, "--output_dir", str(out), "--resume_from_checkpoint", "true", capsys=capsys, monkeypatch=monkeypatch
+    )
+    assert "holds no complete checkpoint" in err
+    err = _refused_before_loading(
+        recipe, "--resume_from_checkpoint", str(out / "checkpoint-9"), capsys=capsys, monkeypatch=monkeypatch
+    )
+    assert "is no checkpoint folder" in err
+
+
+def test_async_rollouts_without_cuda_is_refused_first(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recipe = ROOT / "recipes" / "async" / "qwen2.5-3b-instruct_band-kl-0.05_async.yaml"
+    err = _refused_before_loading(
+        recipe, "--model_name_or_path", tiny_model_dir, "--dataset_name", "d.jsonl", "--use_cpu", "true",
+        "--bf16", "false", "--dtype", "float32", "--output_dir", str(tmp_path / "out"), capsys=capsys,
+        monkeypatch=monkeypatch,
+    )  # fmt: skip
+    assert "async_rollouts: true needs CUDA GPUs" in err and "async_rollouts: false" in err
+
+
+@pytest.mark.parametrize(
+    "model, needle",
+    [
+        ("/no/such/folder", "is no folder here"),
+        ("./relative/missing", "is no folder here"),
+        ("no-such-org/no-such-model", "no local folder, nor found on the Hub"),
+    ],
+)
+def test_a_model_that_is_neither_local_nor_reachable_is_one_line(tmp_path, tiny_model_dir, capsys, monkeypatch,
+                                                                 model, needle):  # fmt: skip
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    recipe = _write_recipe(tmp_path, tiny_model_dir, processes=1)
+    err = _refused_before_loading(recipe, "--model_name_or_path", model, capsys=capsys, monkeypatch=monkeypatch)
+    assert needle in err and "tiny-model" in err
+
+
+def test_an_output_dir_with_another_runs_checkpoints_warns(tmp_path, tiny_model_dir, monkeypatch):
+    _stop_before_the_trainer(monkeypatch)
+    recipe = _write_recipe(tmp_path, tiny_model_dir, processes=1)
+    out = tmp_path / "reused"
+    (out / "checkpoint-40").mkdir(parents=True)
+    with pytest.warns(UserWarning, match=r"holds checkpoints of an earlier run \(checkpoint-40\)"):
+        with pytest.raises(_Stop):
+            train.main(["--config", str(recipe), "--output_dir", str(out)])

@@ -70,7 +70,8 @@ def read_recipe(path: str | os.PathLike) -> dict:
     """A recipe file as a dict (`{}` when empty); `ConfigError` for an unreadable file, a repeated key, invalid YAML
     (with a hint at the likely cause, by line) or content that is no mapping."""
     try:
-        text = open(path, encoding="utf-8").read()
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read recipe {os.fspath(path)!r}: {err}") from None
     loader = _RecipeLoader(text)

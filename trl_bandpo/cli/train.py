@@ -36,6 +36,7 @@ __all__ = [
     "ConfigError",
     "build_reward",
     "build_validation",
+    "check_before_loading",
     "check_dataset_size",
     "describe_run",
     "load_eval_data",
@@ -206,26 +207,70 @@ def check_dataset_size(num_prompts: int, training_args: PolicyLossConfig) -> Non
     )
 
 
-def warn_about_positions(model_args: ModelConfig, training_args: PolicyLossConfig, train_dataset, tokenizer=None):
-    """Warn when a prompt plus `max_completion_length` tokens exceed the model's `max_position_embeddings` (read
-    from its config, without the weights). The prompt length counts when it is known: with a tokenizer (loaded for
-    `max_prompt_tokens`) the longest prompt of `train_dataset` is measured, else only the completion is compared."""
-    completion = training_args.max_completion_length
-    if completion is None:
-        return
-    try:
-        from transformers import AutoConfig
+def check_before_loading(script_args: ScriptArguments, training_args, model_args: ModelConfig):
+    """What would otherwise fail after the data and the model have loaded, checked first (`ConfigError`): the
+    asynchronous trainer on a machine without CUDA, an output folder that cannot be written, a checkpoint to resume
+    from that does not exist, a model that is neither a local folder nor reachable. Returns the model's config (read
+    without the weights). Warns when the output folder holds an earlier run's checkpoints and this run starts anew."""
+    import torch
+    from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(
-            model_args.model_name_or_path,
-            revision=model_args.model_revision,
-            trust_remote_code=bool(training_args.trust_remote_code),
+    from ..evaluation.settings import check_output_dir
+    from ..training.checkpointing import last_complete_checkpoint
+    from ..training.policy_term import check_model_name
+
+    if script_args.async_rollouts and not torch.cuda.is_available():
+        raise ConfigError(
+            "async_rollouts: true needs CUDA GPUs (TRL's asynchronous trainer sends its weights to the vLLM server "
+            "over NCCL), and this machine has none. On a CPU, train with async_rollouts: false "
+            "(docs/off-policy-and-async.md)."
         )
-    except Exception:  # noqa: BLE001 - a model that cannot be found is the trainer's error to report
-        return
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    try:
+        out = check_output_dir(training_args.output_dir)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    resume = training_args.resume_from_checkpoint
+    if resume is True and last_complete_checkpoint(out) is None:
+        raise ConfigError(
+            f"resume_from_checkpoint: true, but {str(out)!r} holds no complete checkpoint to resume from."
+        )
+    if isinstance(resume, str) and not os.path.isdir(resume):
+        raise ConfigError(f"resume_from_checkpoint: {resume!r} is no checkpoint folder.")
+    earlier = sorted(path.name for path in out.glob("checkpoint-*") if path.is_dir())
+    if not resume and earlier:
+        warnings.warn(
+            f"{str(out)!r} holds checkpoints of an earlier run ({', '.join(earlier)}): this run starts anew and saves "
+            "among them, and a later resume_from_checkpoint: true would pick the newest of either run. Set "
+            "resume_from_checkpoint: true to continue that run, or choose another output_dir.",
+            UserWarning,
+            stacklevel=2,
+        )
+    model = model_args.model_name_or_path
+    try:
+        check_model_name(model)
+    except ValueError as err:
+        raise ConfigError(f"model_name_or_path: {err}") from None
+    try:
+        return AutoConfig.from_pretrained(
+            model, revision=model_args.model_revision, trust_remote_code=bool(training_args.trust_remote_code)
+        )
+    except (OSError, ValueError) as err:
+        where = "the folder has no config.json" if os.path.isdir(model) else "no local folder, nor found on the Hub"
+        raise ConfigError(
+            f"cannot load the model {model!r}: {where} ({str(err).splitlines()[0]}). Pass --model_name_or_path a "
+            "local model folder (`trl-bandpo tiny-model PATH` makes a tiny one), or check the name and the network "
+            "(HF_HUB_OFFLINE)."
+        ) from None
+
+
+def warn_about_positions(model_config, training_args, train_dataset, tokenizer=None):
+    """Warn when a prompt plus `max_completion_length` tokens exceed the model's `max_position_embeddings`. The
+    prompt length counts when it is known: with a tokenizer (loaded for `max_prompt_tokens`) the longest prompt of
+    `train_dataset` is measured, else only the completion is compared."""
+    completion = training_args.max_completion_length
+    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     positions = getattr(text_config, "max_position_embeddings", None)
-    if not isinstance(positions, int) or positions < 1:
+    if completion is None or not isinstance(positions, int) or positions < 1:
         return
     prompt, what = 0, f"max_completion_length {completion}"
     if tokenizer is not None and completion < positions and len(train_dataset):
@@ -236,7 +281,7 @@ def warn_about_positions(model_args: ModelConfig, training_args: PolicyLossConfi
     if prompt + completion <= positions:
         return
     warnings.warn(
-        f"{what} = {prompt + completion} tokens exceed the {positions} positions of {model_args.model_name_or_path} "
+        f"{what} = {prompt + completion} tokens exceed the {positions} positions of the model "
         f"(max_position_embeddings): tokens past position {positions} are beyond what the model supports, and "
         f"generating them is slow. Lower max_completion_length (e.g. --max_completion_length "
         f"{max(1, positions - prompt) if prompt < positions else 32}).",
@@ -319,6 +364,7 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
     logger.setLevel(log_level)
     transformers.utils.logging.set_verbosity(log_level)
 
+    model_config = check_before_loading(script_args, training_args, model_args)
     training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
 
     with training_args.main_process_first(desc="loading datasets"):
@@ -334,7 +380,7 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
     asynchronous = script_args.async_rollouts
     if not asynchronous:  # the asynchronous trainer cycles through the prompts (the loaders refuse an empty set)
         check_dataset_size(len(train_dataset), training_args)  # before the model loads
-    warn_about_positions(model_args, training_args, train_dataset, tokenizer)
+    warn_about_positions(model_config, training_args, train_dataset, tokenizer)
 
     trainer_cls = trainer_class_for(training_args.policy_loss, asynchronous)
     logger.info(

@@ -10,6 +10,7 @@ processes and accumulation steps and divided once, at logging (docs/metrics.md, 
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections import defaultdict
 
@@ -19,7 +20,19 @@ from ..core.losses import policy_loss_spec
 from ..core.metrics import clip_counts
 from .configs import is_library_file, policy_settings, user_frame
 
-__all__ = ["PolicyTerm"]
+__all__ = ["PolicyTerm", "check_model_name"]
+
+
+def check_model_name(model) -> None:
+    """A model given by name is a hub id or a local folder: a path that does not exist is named as such (the hub
+    would answer "Repo id must be in the form ..." for it)."""
+    if isinstance(model, (str, os.PathLike)):
+        model = os.fspath(model)
+        if not os.path.isdir(model) and (os.path.isabs(model) or model.startswith(".") or model.count("/") > 1):
+            raise ValueError(
+                f"model {model!r} is no folder here (it does not exist): give a model folder or a hub id "
+                "(`trl-bandpo tiny-model PATH` makes a tiny local one)."
+            )
 
 
 class PolicyTerm:
@@ -36,6 +49,7 @@ class PolicyTerm:
         """`args`, or the default config when it is None (as TRL names it: `<model>-<method>`); sets `policy_args`
         and the selected loss with its hyper-parameters. Called before TRL's constructor: bad settings fail before
         any model loads."""
+        check_model_name(model)
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = self.config_class(f"{name.split('/')[-1]}-{self.config_class.__name__.removesuffix('Config')}")
