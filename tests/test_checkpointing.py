@@ -204,7 +204,9 @@ def test_resume_true_without_a_complete_checkpoint_says_so(tiny_model_dir, tmp_p
         (dict(band_radius=0.1), "band.radius: 0.05 then, 0.1 now"),
     ],
 )
-def test_a_buffer_made_under_other_settings_is_not_replayed(tiny_model_dir, saved_checkpoint, tmp_path, changed, named):
+def test_a_buffer_made_under_other_settings_is_not_replayed(
+    tiny_model_dir, saved_checkpoint, tmp_path, changed, named
+):
     """band -> dgpo would feed the buffered Band bounds to the DGPO loss; 2 -> 4 steps per generation indexed past the
     buffered micro-batches (an IndexError after the model loaded). Both now regenerate, naming what changed."""
     run_dir = _copy(saved_checkpoint, tmp_path)

@@ -40,16 +40,15 @@ def test_help_lists_commands(capsys):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--p", "2", "-1"], "argument --p: '2' is not a probability in (0, 1]"),
-        (["--p", "0.5", "0"], "argument --p: '0' is not a probability in (0, 1]"),
-        (["--p", "nan"], "argument --p: 'nan' is not a probability"),
-        (["--radius", "inf"], "argument --radius: the radius delta must be a finite number > 0, got 'inf'"),
+        (["--p", "2", "-1"], "argument --p: expected a number in (0, 1], got '2'"),
+        (["--p", "0.5", "0"], "argument --p: expected a number in (0, 1], got '0'"),
+        (["--p", "nan"], "argument --p: expected a number in (0, 1], got 'nan'"),
+        (["--radius", "inf"], "argument --radius: expected a finite number > 0, got 'inf'"),
         (["--radius", "0"], "argument --radius:"),
-        (
-            ["--upper-max", "0.5"],
-            "argument --upper-max: the cap on the upper bound must be a number >= 1 or none (no cap), got '0.5'",
-        ),
+        (["--upper-max", "0.5"], "argument --upper-max: expected None or a number >= 1, got '0.5'"),
         (["--upper-max", "nan"], "argument --upper-max:"),
+        (["--relax", "1.5", "0.2"], "argument --relax: EPS_LOW must be a number in [0, 1), got 1.5"),
+        (["--relax", "0.2", "x"], "argument --relax: expected a finite number >= 0, got 'x'"),
     ],
 )
 def test_bounds_rejects_values_outside_their_domain_naming_the_flag(capsys, args, needle):

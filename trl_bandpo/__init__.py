@@ -1,19 +1,22 @@
 """BandPO and DGPO for HuggingFace TRL.
 
-Layers, imported one way (docs/architecture.md): the math (`band`, `losses`, `metrics`) imports only torch; the
-`kernels` import the math (Triton only on first use) and register the Triton solver with `band_bounds`; the
-configs and trainers (imported on first use, they import TRL) build on both; the applications (`cli`, `demo`,
-`evaluation`, `rewards`, `data`) come last.
+The public names load on first use (`import trl_bandpo` alone imports nothing heavy, so `trl-bandpo --help` starts at
+once): the Band operator and the policy losses (`band_bounds`, `policy_loss`, ...; torch) and the configs and trainers
+(TRL). Importing it registers the Triton KL solver, which `band_bounds` uses where it can run. The layers, one folder
+each, are described in docs/architecture.md.
 """
 
 from typing import TYPE_CHECKING
 
-from . import kernels  # noqa: F401  (registers the Triton KL solver with band_bounds)
-from .core.band import DIVERGENCES, band_bounds
-from .core.losses import POLICY_LOSSES, policy_bounds, policy_loss
+from . import kernels  # noqa: F401  (registers the Triton KL solver with band_bounds; imports no torch)
 from .version import __version__  # noqa: F401
 
 _LAZY = {
+    "DIVERGENCES": "core.band",
+    "band_bounds": "core.band",
+    "POLICY_LOSSES": "core.losses",
+    "policy_bounds": "core.losses",
+    "policy_loss": "core.losses",
     "PolicyLossConfig": "training.configs",
     "BandPOConfig": "training.configs",
     "DGPOConfig": "training.configs",
@@ -29,16 +32,11 @@ _LAZY = {
 }
 
 # The async classes stay out of `import *`: they import TRL's experimental API (which warns on import).
-__all__ = [
-    "DIVERGENCES",
-    "POLICY_LOSSES",
-    "band_bounds",
-    "policy_bounds",
-    "policy_loss",
-    *(name for name in _LAZY if not name.startswith("Async")),
-]
+__all__ = [name for name in _LAZY if not name.startswith("Async")]
 
 if TYPE_CHECKING:
+    from .core.band import DIVERGENCES, band_bounds  # noqa: F401
+    from .core.losses import POLICY_LOSSES, policy_bounds, policy_loss  # noqa: F401
     from .training.async_trainer import (  # noqa: F401
         AsyncBandPOConfig,
         AsyncBandPOTrainer,

@@ -30,6 +30,13 @@ from .script_arguments import ScriptArguments
 
 __all__ = ["DATACLASS_TYPES", "ConfigError", "RecipeParser", "parse_args", "read_recipe"]
 
+USAGE = "trl-bandpo train --config RECIPE [--field value ...]"
+DESCRIPTION = (
+    "Train from a YAML recipe (recipes/): --config RECIPE sets the fields below, and each --field value overrides one "
+    "(`--field none` sets an optional number to None). Every field is one of ScriptArguments (data, reward, "
+    "validation), PolicyLossConfig (TRL's GRPOConfig plus the policy-loss fields; AsyncPolicyLossConfig with "
+    "async_rollouts) or TRL's ModelConfig. See recipes/README.md and docs/training.md."
+)
 REQUIRED = {"model_name_or_path": "a hub id or a local folder", "dataset_name": "a mix, registry names or local files"}
 _KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
 _CPU_HINT = " On a machine without a GPU set `use_cpu: true` and `bf16: false` (or `--use_cpu true --bf16 false`)."
@@ -233,7 +240,9 @@ def parse_args(argv: Sequence[str] | None = None):
             del argv[at : at + 2]
     if not isinstance(recipe.get("env", {}), dict):
         raise ConfigError("`env` in the recipe must be a mapping of variable: value.")
-    parser = RecipeParser(_dataclass_types(argv, recipe), recipe_path=path, prog="trl-bandpo train")
+    parser = RecipeParser(
+        _dataclass_types(argv, recipe), recipe_path=path, prog="trl-bandpo train", usage=USAGE, description=DESCRIPTION
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", UnusedSettingWarning)

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from .band_solvers import KL_NEWTON_STEPS, Radius, chi2_half_width, closed_form_bounds, generic_bounds, kl_bounds
 from .checks import Choice, Number
+from .kernel_registry import KERNEL_SOLVERS, SOLVERS, KernelSolver, register_kernel_solver
 
 __all__ = [
     "DIVERGENCES",
@@ -97,8 +97,6 @@ GENERATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 #: The built-in divergence names.
 DIVERGENCES = tuple(GENERATORS)
-#: Values of `band_bounds(..., solver=...)`: "auto" picks a registered kernel where it can run, else "torch".
-SOLVERS = ("auto", "torch", "triton")
 
 #: Beyond this KL radius every bound is at its simplex limit to float64 precision: the lower root is below
 #: `e^-radius` (docs/band-operator.md, "Solver and error bound"), which underflows to 0, and the upper one is `1/p`.
@@ -116,33 +114,6 @@ def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class KernelSolver:
-    """An accelerated Band solver: which divergences it solves, where it can run, and the solve itself.
-
-    Attributes:
-        divergences: divergence names it solves (e.g. `("kl",)`).
-        unavailable_reason: `(tensor) -> str | None`, why it cannot run on that tensor's device (`None`: it can).
-        bounds: `(old_logps, radius, *, upper_max, relax) -> (lower, upper)` with the semantics of `band_bounds`;
-            `radius` is a float, or a tensor that passed `check_radius_tensor` (values unchecked: the solver gives
-            NaN bounds where an element is not finite > 0, and clamps KL radii at `KL_SATURATION_RADIUS`).
-    """
-
-    divergences: tuple[str, ...]
-    unavailable_reason: Callable[[torch.Tensor], str | None]
-    bounds: Callable[..., tuple[torch.Tensor, torch.Tensor]]
-
-
-_KERNEL_SOLVERS: dict[str, KernelSolver] = {}
-
-
-def register_kernel_solver(name: str, solver: KernelSolver) -> None:
-    """Make `solver` available as `band_bounds(..., solver=name)` and to `solver="auto"` (called by the kernels)."""
-    if name not in SOLVERS or name in ("auto", "torch"):
-        raise ValueError(f"kernel solver name must be one of {[s for s in SOLVERS if s not in ('auto', 'torch')]}")
-    _KERNEL_SOLVERS[name] = solver
-
-
 def solver_unavailable_reason(solver: str, divergence: str | Callable, device: torch.device | str) -> str | None:
     """Why `band_bounds(..., solver=solver, divergence=divergence)` cannot run on `device` (`None` if it can).
 
@@ -150,7 +121,7 @@ def solver_unavailable_reason(solver: str, divergence: str | Callable, device: t
     """
     if solver in ("auto", "torch"):
         return None
-    kernel = _KERNEL_SOLVERS.get(solver)
+    kernel = KERNEL_SOLVERS.get(solver)
     if kernel is None:
         return f"no {solver!r} solver is registered (import trl_bandpo.kernels)"
     if not isinstance(divergence, str) or divergence not in kernel.divergences:
@@ -298,7 +269,7 @@ def solve_band(old_logps, radius, divergence="kl", *, solver="auto", upper_max=N
 
     if solver != "torch":
         kernel_name = "triton" if solver == "auto" else solver
-        kernel = _KERNEL_SOLVERS.get(kernel_name)
+        kernel = KERNEL_SOLVERS.get(kernel_name)
         reason = solver_unavailable_reason(kernel_name, divergence, old_logps.device)
         if reason is None:
             return kernel.bounds(old_logps, radius, upper_max=upper_max, relax=relax)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 __all__ = ["interpreter_enabled", "triton_unavailable_reason"]
 
 _TRUE_STRINGS = ("1", "true", "yes", "on", "y")
@@ -21,7 +19,7 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRUE_STRINGS
 
 
-def triton_unavailable_reason(tensor: torch.Tensor) -> str | None:
+def triton_unavailable_reason(tensor) -> str | None:
     """Why the Triton kernels cannot run on `tensor` (`None` if they can)."""
     if not tensor.is_cuda and not interpreter_enabled():
         return f"the input is on {tensor.device.type}, the Triton kernel needs a CUDA tensor"
