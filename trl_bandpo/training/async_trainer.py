@@ -46,7 +46,7 @@ from .configs import (
     check_fields,
     check_settings,
 )
-from .policy_term import PolicyTerm
+from .policy_term import PolicyTerm, check_engine_logprobs
 from .trl_patches import Patch, patch_method
 
 __all__ = [
@@ -147,6 +147,7 @@ class _VersionTaggingQueue:
 
     def get(self, *args, **kwargs):
         sample = self._queue.get(*args, **kwargs)
+        check_engine_logprobs(sample.old_log_probs, sample.completion_mask, "a rollout sample's old_log_probs")
         tagged = copy.copy(sample)
         tagged.metrics = {**sample.metrics, _VERSION_KEY: float(sample.model_version)}
         return tagged

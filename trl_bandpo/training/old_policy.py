@@ -21,6 +21,7 @@ import torch
 from transformers.utils import logging
 
 from ..core.radius import check_radius_fn_output, correlation, entropy_radius, masked_sum, radius_statistics
+from .policy_term import check_engine_logprobs
 
 __all__ = ["OLD_ENTROPIES_KEY", "OldPolicyPass"]
 
@@ -127,6 +128,7 @@ class OldPolicyPass:
         # `tool_mask`, which masks the loss but not attention) and the normaliser, and is counted.
         completion_mask = output["completion_mask"]
         mask = completion_mask if "tool_mask" not in output else completion_mask * output["tool_mask"]
+        check_engine_logprobs(sampling, mask, "old_logps_source='rollout'")
         scored = torch.isfinite(sampling)
         output["old_per_token_logps"] = torch.where(scored, sampling, torch.zeros_like(sampling))
         output["tool_mask"] = scored.to(mask.dtype) if "tool_mask" not in output else output["tool_mask"] * scored

@@ -20,7 +20,25 @@ from ..core.losses import policy_loss_spec
 from ..core.metrics import clip_counts
 from .configs import is_library_file, policy_settings, user_frame
 
-__all__ = ["PolicyTerm", "check_model_name"]
+__all__ = ["PolicyTerm", "check_engine_logprobs", "check_model_name"]
+
+#: The largest log-prob accepted from an inference engine: above it a token's probability exceeds 1 by more than
+#: rounding.
+LOGPROB_TOLERANCE = 1e-3
+
+
+def check_engine_logprobs(logps, mask, where: str) -> None:
+    """The log-probs an inference engine returned for sampled tokens are log-probabilities: at the positions `mask`
+    keeps, none is above `LOGPROB_TOLERANCE` (NaN, a token the engine could not score, passes: it is masked later).
+    Else a `ValueError` naming `where`, how many and the largest: training on them would be silently wrong."""
+    logps, mask = torch.as_tensor(logps), torch.as_tensor(mask)
+    bad = (logps > LOGPROB_TOLERANCE) & (mask > 0)
+    if bool(bad.any()):
+        raise ValueError(
+            f"{where}: {int(bad.sum())} sampled token(s) have a log-prob above 0 (a probability above 1; the largest "
+            f"is {logps[bad].max().item():.4g}), so they are no log-probabilities of the sampled tokens: check the "
+            "engine's logprobs mode (processed_logprobs) and what the rollout function returns."
+        )
 
 
 def check_model_name(model) -> None:
