@@ -141,3 +141,27 @@ def test_engine_log_probs_above_zero_are_refused():
         check_engine_logprobs(torch.tensor([[-0.5, 0.7, -1.0, 0.0]]), mask, "rollout")
     with pytest.raises(ValueError, match="above 0"):
         check_engine_logprobs(np.array([0.2, -0.1], dtype=np.float32), np.array([1, 1]), "numpy")
+
+
+def test_an_api_run_shows_no_transformers_deprecation_of_trls_defaults(tiny_model_dir, tmp_path):
+    """Issue 27, item 18: four FutureWarnings per API run (TRL's default `gradient_checkpointing=True` and the methods
+    TRL calls around it, deprecated in transformers), nothing the user can act on; every other warning still shows."""
+    from datasets import Dataset
+
+    from trl_bandpo import BandPOTrainer
+    from trl_bandpo.training.library_noise import LIBRARY_FUTURE_WARNINGS
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        args = BandPOConfig(str(tmp_path), use_cpu=True, report_to="none", max_steps=1, per_device_train_batch_size=4,
+                            num_generations=4, max_completion_length=4, save_strategy="no", epsilon=0.3)  # fmt: skip
+        trainer = BandPOTrainer(
+            model=tiny_model_dir,
+            reward_funcs=lambda completions, **kwargs: [float(len(c)) for c in completions],
+            args=args,
+            train_dataset=Dataset.from_list([{"prompt": "1+1="}] * 8),
+        )
+        trainer.train()
+    messages = [str(record.message) for record in caught]
+    assert not [message for message in messages if message in LIBRARY_FUTURE_WARNINGS]
+    assert any("epsilon=0.3 has no effect" in message for message in messages)  # ours still shows

@@ -308,6 +308,7 @@ def describe_run(trainer) -> str:
     args, accelerator = trainer.args, trainer.accelerator
     processes = accelerator.num_processes
     parallel = str(accelerator.distributed_type).split(".")[-1]
+    parallel = "no distributed backend" if parallel == "NO" else parallel
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if plugin is not None:
         parallel += f" ZeRO-{plugin.zero_stage}"

@@ -46,6 +46,7 @@ from .configs import (
     check_fields,
     check_settings,
 )
+from .library_noise import library_noise_filtered
 from .policy_term import PolicyTerm, check_engine_logprobs
 from .trl_patches import Patch, patch_method
 
@@ -110,7 +111,8 @@ class AsyncPolicyLossConfig(PolicyLossFields, AsyncGRPOConfig):
     def __post_init__(self):
         # Our checks first, as PolicyLossConfig's: a bad value of ours must not hide behind a TRL error.
         check_fields(self)
-        super().__post_init__()
+        with library_noise_filtered():
+            super().__post_init__()
         check_settings(self)
 
 

@@ -19,6 +19,7 @@ import torch
 from ..core.losses import policy_loss_spec
 from ..core.metrics import clip_counts
 from .configs import is_library_file, policy_settings, user_frame
+from .library_noise import LIBRARY_FUTURE_WARNINGS, library_noise_filtered
 
 __all__ = ["PolicyTerm", "check_engine_logprobs", "check_model_name"]
 
@@ -89,6 +90,8 @@ class PolicyTerm:
         finally:
             frame, _ = user_frame()
             for record in caught:
+                if str(record.message) in LIBRARY_FUTURE_WARNINGS:
+                    continue  # transformers' own deprecations of what TRL calls: nothing for the user to act on
                 if is_library_file(record.filename):
                     registry = frame.f_globals.setdefault("__warningregistry__", {})
                     module = frame.f_globals.get("__name__")
@@ -98,6 +101,10 @@ class PolicyTerm:
                     warnings.warn_explicit(record.message, record.category, record.filename, record.lineno)
 
     # -- the policy term -------------------------------------------------------------------------------------------
+
+    def train(self, *args, **kwargs):
+        with library_noise_filtered():
+            return super().train(*args, **kwargs)
 
     def _policy_bounds(self, old_logps: torch.Tensor, radius=None):
         """`(lower, upper)` of the selected loss for these old log-probs (floats for fixed bounds); `radius`, when
