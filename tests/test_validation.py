@@ -356,7 +356,8 @@ TWO_PROCESS_SCRIPT = textwrap.dedent(
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"log_history": trainer.state.log_history, "scored": scored, "training": trainer.model.training,
                    "world": trainer.accelerator.num_processes}, f)
-    trainer.end()  # the process group destroyed before exit (a gloo group torn down at exit can abort a rank)
+    trainer.end()  # the process group destroyed, then no interpreter teardown (a thread torn down at exit can abort a
+    os._exit(0)  # rank after its work is written: "terminate called without an active exception")
     """
 )
 

@@ -43,9 +43,10 @@ def main(model_dir, output_dir):
             },
             f,
         )
-    # Destroy the process group before the interpreter exits: a gloo group torn down at exit can abort a rank
-    # ("terminate called without an active exception") after all its work is done.
+    # Destroy the process group, then leave without the interpreter's teardown: a torch/DeepSpeed thread destroyed at
+    # exit can abort a rank ("terminate called without an active exception") after all its work is done and written.
     trainer.end()
+    os._exit(0)
 
 
 if __name__ == "__main__":
