@@ -133,6 +133,25 @@ def test_reward_scores_and_names():
     assert default([r"\boxed{1}", r"\boxed{2}"], ["1", "1"]) == [1.0, -1.0]
 
 
+def test_rewards_accept_other_spellings_of_a_right_answer():
+    """Issue 27, item 10: full-width digits, a zero-width space, ``½``, ``1 000`` and a gold's final period were
+    refused; the wrong answers next to them stay wrong (tests/test_rewards_normal_form.py has the evidence)."""
+    completions = [
+        "\\boxed{\uff11\uff12}",  # full-width 12
+        "\\boxed{1\u200b2}",  # a zero-width space inside
+        "\\boxed{\u00bd}",
+        r"\boxed{1 000}",
+        r"\boxed{3}",
+        "\\boxed{\uff11\uff13}",  # full-width 13: wrong
+        r"\boxed{1 000}",  # math_verify read it as 1*000 = 0: wrong
+        r"\boxed{1e3}",  # E-notation stays refused
+    ]
+    solution = ["12", "12", "0.5", 1000, "3.", "12", "0", "1000"]
+    assert boxed_signed_reward(completions, solution) == [1.0] * 5 + [-1.0] * 3
+    assert boxed_accuracy_reward(completions, solution) == [1.0] * 5 + [0.0] * 3
+    assert MathVerifyReward(correct=2.0, wrong=0.5)(completions, solution) == [2.0] * 5 + [0.5] * 3
+
+
 def test_reward_is_picklable_and_matches_trl_naming():
     from trl.trainer.utils import get_callable_name, is_async_callable
 

@@ -11,6 +11,11 @@ Pure Python, linear time, no `math_verify`: what the rewards (`trl_bandpo.scorin
 * `canonical_text` is a conservative LaTeX normal form (``$``, ``\dfrac``, ``\left``/``\right``, whitespace next to
   operators and brackets, leading zeros and sign of integers): answers with equal normal forms are equal for
   `math_verify` too, so they are accepted without any sympy work.
+* `plain_text` writes an answer in plain characters before `math_verify` reads it: Unicode compatibility forms
+  (NFKC: full-width ``１２``, no-break and thin spaces, math italic letters) except superscripts, subscripts, vulgar
+  fractions and Roman numerals, which NFKC would misread; vulgar fractions as ``\frac``; invisible characters
+  (zero-width spaces and joiners, BOM, soft hyphen, direction marks) dropped. `answer_form` also joins the digit
+  groups of a number written with spaces (``1 000``, ``1\,000``); `gold_forms` adds a gold without its final period.
 * `gold_alternatives` turns a ground truth (string, number, list of alternatives, worked solution) into strings
   for every scorer; a ground-truth string longer than `MAX_GOLD_CHARS` is not read (no answer can match it).
 * `paired` gives the (completion, solution) pairs of a batch, checking that the two have the same length.
@@ -19,9 +24,11 @@ Pure Python, linear time, no `math_verify`: what the rewards (`trl_bandpo.scorin
 from __future__ import annotations
 
 import decimal
+import functools
 import math
 import numbers
 import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,15 +37,18 @@ __all__ = [
     "MAX_BRACE_DEPTH",
     "MAX_GOLD_CHARS",
     "MAX_GOLD_DIGITS",
+    "answer_form",
     "brace_depth",
     "canonical_text",
     "completion_text",
     "contains_box",
     "extract_boxed_answer",
     "gold_alternatives",
+    "gold_forms",
     "is_admissible",
     "is_oversized_gold",
     "paired",
+    "plain_text",
     "unwrap_boxes",
 ]
 
@@ -227,6 +237,100 @@ def _tokens(text: str) -> list[str]:
         tokens.append(text[pos:end])
         pos = end
     return tokens
+
+
+# Invisible characters `plain_text` drops: soft hyphen, combining grapheme joiner, Arabic letter mark, Mongolian vowel
+# separator, zero-width space, non-joiner and joiner, direction marks and embeddings, word joiner, direction isolates
+# and the deprecated format characters, variation selectors, byte-order mark (zero-width no-break space), tag
+# characters. Not U+2061-U+2064 (function application, invisible times, separator and plus): each stands for an
+# operator, and dropping it would join ``2\u20623`` (2 times 3) into ``23``.
+_INVISIBLE = re.compile(
+    "[\u00ad\u034f\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060\u2066-\u206f\ufe00-\ufe0f\ufeff"
+    "\U000e0001\U000e0020-\U000e007f\U000e0100-\U000e01ef]"
+)
+_MISREAD_BY_NFKC = ("<super>", "<sub>", "<fraction>")  # compatibility mappings that change what a character means
+_GROUP_BEFORE = re.compile(r"(?:[\^_]|\\[A-Za-z]+)\s*$")  # a fraction here must be one group: 2^{\frac{1}{2}}
+# A whole answer that is a number written in groups of three digits, one separator throughout: ``1 000``,
+# ``-12\,345.5``; ``1 2``, ``1, 000`` (a pair) and ``1,000`` (`math_verify` reads it as 1000 already) do not match.
+_DIGIT_GROUPS = re.compile(r"(?:[+\-\u2212] ?)?[0-9]{1,3}( |\\[,:; ]|~)[0-9]{3}(?:\1[0-9]{3})*(?:\.[0-9]+)?")
+
+
+@functools.lru_cache(maxsize=4096)
+def _misread_by_nfkc(char: str) -> bool:
+    """Whether NFKC changes what `char` means: a superscript or subscript (``2³`` would read ``23``), a vulgar
+    fraction (``3½`` would read ``31⁄2``), a Roman numeral (``Ⅻ`` would read ``XII``, letters), or a character whose
+    compatibility form contains one (``㎡`` would read ``m2``)."""
+    decomposition = unicodedata.decomposition(char)
+    if unicodedata.category(char) == "Nl" or decomposition.startswith(_MISREAD_BY_NFKC):
+        return True
+    return any(_misread_by_nfkc(chr(int(code, 16))) for code in decomposition.split() if not code.startswith("<"))
+
+
+def _vulgar_fraction(char: str) -> tuple[str, str] | None:
+    """Numerator and denominator of a vulgar fraction character (``½`` -> ``("1", "2")``); None for anything else."""
+    if not unicodedata.decomposition(char).startswith("<fraction>"):
+        return None
+    numerator, _, denominator = unicodedata.normalize("NFKC", char).partition("\u2044")
+    digits = numerator + denominator
+    return (numerator, denominator) if numerator and denominator and digits.isascii() and digits.isdigit() else None
+
+
+def plain_text(text: str) -> str:
+    r"""`text` in plain characters, as `math_verify` reads them; ASCII text is returned unchanged.
+
+    * Invisible characters are dropped (zero-width spaces and joiners, word joiner, byte-order mark, soft hyphen,
+      direction marks, variation selectors): ``1\u200b2`` (a zero-width space inside) is ``12``. The invisible
+      operators U+2061-U+2064 (invisible times, plus, separator, function application) are kept: dropping one
+      would change the value.
+    * Compatibility characters take their NFKC form: full-width ``１２`` is ``12``, a no-break or thin space is a
+      space, a math italic ``𝑥`` is ``x``. Not superscripts and subscripts (NFKC writes ``2³`` as ``23``), Roman
+      numerals (``Ⅻ`` as the letters ``XII``) or characters containing them (``㎡`` as ``m2``): they stay as written,
+      and `math_verify` does not read them.
+    * A vulgar fraction is written as ``\frac`` (``½`` -> ``\frac{1}{2}``, braced after ``^``, ``_`` or a command:
+      ``2^½`` -> ``2^{\frac{1}{2}}``); NFKC would write ``3½`` as ``31⁄2``, while ``3\frac{1}{2}`` is 7/2 for
+      `math_verify`. ``⅟`` and the fraction slash ``⁄`` stay as written.
+
+    Each rewrite gives the ASCII spelling of the same answer, so that its verdict is `math_verify`'s verdict on that
+    spelling (``tests/test_rewards_normal_form.py`` checks this).
+    """
+    if text.isascii():
+        return text
+    text = _INVISIBLE.sub("", text)
+    pieces: list[str] = []
+    start = 0
+    for i, char in enumerate(text):
+        if char.isascii() or not _misread_by_nfkc(char):
+            continue
+        pieces.append(unicodedata.normalize("NFKC", text[start:i]))
+        start = i + 1
+        fraction = _vulgar_fraction(char)
+        if fraction is None:
+            pieces.append(char)
+            continue
+        written = f"\\frac{{{fraction[0]}}}{{{fraction[1]}}}"
+        before = next((piece for piece in reversed(pieces) if piece.strip()), "")
+        pieces.append("{" + written + "}" if _GROUP_BEFORE.search(before) else written)
+    pieces.append(unicodedata.normalize("NFKC", text[start:]))
+    return "".join(pieces)
+
+
+def answer_form(text: str) -> str:
+    r"""An answer as `math_verify` is given it: `plain_text`, box commands inside dropped (`unwrap_boxes`), and a
+    whole answer that is a number written in groups of three digits joined (``1 000``, ``1\,000``, ``1~000`` ->
+    ``1000``; `math_verify` reads ``1 000`` as 1·000 = 0). ``1 2``, ``1, 000`` (a pair) and ``x = 1 000`` stay."""
+    text = unwrap_boxes(plain_text(text)).strip()
+    groups = _DIGIT_GROUPS.fullmatch(text)
+    return text.replace(groups.group(1), "") if groups else text
+
+
+def gold_forms(gold: str) -> list[str]:
+    r"""The forms of one gold answer that `math_verify` compares answers with: its `answer_form`, and, when it ends
+    with a period (``3.``, ``x = 2.``; not ``...``), also that form without the period, so that ``3`` is right for
+    the gold ``3.`` while ``3.`` stays right too. An answer's own final period is kept (`math_verify` reads ``7.``
+    apart from ``7``). Empty forms are dropped."""
+    text = plain_text(gold).strip()
+    forms = [text, text[:-1]] if re.search(r"[^.\\]\.$", text) else [text]
+    return [form for form in dict.fromkeys(answer_form(form) for form in forms) if form]
 
 
 def gold_alternatives(solution: Any, as_written: bool = False, max_chars: int | None = MAX_GOLD_CHARS) -> list[str]:

@@ -9,6 +9,8 @@ one: ``\boxed{\boxed{2}+1}`` answers ``{2}+1``, i.e. 3), compares it with the da
 
 * answers longer than `MAX_ANSWER_CHARS` or nested deeper than `MAX_BRACE_DEPTH` braces score wrong at once, and
   so do answers to a ground-truth string longer than `MAX_GOLD_CHARS` (not read; a warning says how many rows),
+* answers and golds are written in plain characters first (`answer_form`, `gold_forms`; below), so that the
+  string check and `math_verify` both see the same spelling of one answer,
 * a pure-string check (after a conservative LaTeX normal form, `canonical_text`: ``$``, ``\dfrac``, ``\left``,
   whitespace next to operators, leading zeros of integers) accepts identical answers without any sympy work; it
   never accepts what `math_verify` would reject (a false positive teaches the policy to produce it),
@@ -22,6 +24,27 @@ call against another gold.
 
 An equation is not the value of its right-hand side when its two sides are different numbers: ``\boxed{2=3}`` is
 wrong for the gold ``3`` (`math_verify` alone reads the right-hand side), while ``x = 3`` and ``1+2=3`` stay right.
+
+Other spellings of one answer. `math_verify` reads LaTeX (and a few symbols: ``π``, ``≤``, ``×``), and refused
+right answers spelled otherwise; these are rewritten, for the answer and the gold alike, each into the ASCII spelling
+of the same answer (so the verdict is `math_verify`'s on that spelling; only the last two rules touch ASCII text):
+
+* full-width and other compatibility characters take their NFKC form (``１２`` -> ``12``, a no-break or thin space
+  -> a space, math italic ``𝑥`` -> ``x``), and invisible characters are dropped (zero-width spaces and joiners,
+  byte-order mark, soft hyphen, direction marks);
+* a vulgar fraction is a ``\frac`` (``½`` -> ``\frac{1}{2}``; ``3½`` -> ``3\frac{1}{2}``, which is 7/2);
+* a whole answer that is a number in groups of three digits is joined (``1 000``, ``1\,000``, ``1~000`` ->
+  ``1000``; `math_verify` read ``1 000`` as 1*000 = 0, and ``12 345`` as 12 + 345);
+* a gold that ends with a period (``3.``) also accepts its form without it (``3``); ``3.`` stays right.
+
+Still refused, on purpose: ``1e3`` (`math_verify` reads it as 1*e*3 with Euler's number, which is right for the
+gold ``3e``: the two readings cannot be told apart), superscripts and subscripts (``2³``: NFKC would write ``23``),
+Roman numerals (``Ⅻ``: NFKC would write the letters ``XII``), the fraction slash (``3 1⁄2`` would read 3*1/2), the
+invisible operators U+2061-U+2064 (dropping invisible times would read ``2\u20623`` as 23), an answer's own final
+period (``7.``), a decimal comma (``1,5`` is the pair {1, 5}) and digit groups inside a longer answer
+(``x = 1 000``). `tests/test_rewards_normal_form.py` checks every rewrite against `math_verify`, and lists every
+verdict that changed over a corpus of 2,304 pairs. The other scorers (`strict`, `math_reward`, `dapo`) reproduce
+their checkers' rules and are not rewritten.
 
 Nothing here executes model output: answers are only handed to `math_verify.parse` with the LaTeX extractor.
 
@@ -43,14 +66,15 @@ from .answers import (
     MAX_ANSWER_CHARS,
     MAX_BRACE_DEPTH,
     MAX_GOLD_CHARS,
+    answer_form,
     canonical_text,
     completion_text,
     extract_boxed_answer,
     gold_alternatives,
+    gold_forms,
     is_admissible,
     is_oversized_gold,
     paired,
-    unwrap_boxes,
 )
 from .dapo import score_dapo_completions
 from .verifier import DEFAULT_NUM_WORKERS, verify_pairs
@@ -147,12 +171,18 @@ def score_completions(
             if cached and solution in golds_of:  # the completions of a group share their gold: read it once
                 golds = golds_of[solution]
             else:
-                golds = [(gold, canonical_text(gold)) for gold in gold_alternatives(solution)]
+                golds = [
+                    (gold, canonical_text(gold))
+                    for alternative in gold_alternatives(solution)
+                    for gold in gold_forms(alternative)
+                ]
                 if cached:
                     golds_of[solution] = golds
             if not golds or not is_admissible(answer):
                 continue
-            answer = unwrap_boxes(answer.strip())
+            answer = answer_form(answer)  # plain characters, digit groups joined: what math_verify is given
+            if not is_admissible(answer):  # what was only invisible characters, or grew past the caps
+                continue
             canonical = canonical_text(answer)
             if any(gold_canonical == canonical for _, gold_canonical in golds):
                 flags[row] = True
