@@ -3,28 +3,17 @@ r"""Math datasets as TRL prompt datasets: a conversational ``prompt`` column and
 Every loader returns a `datasets.Dataset` with three string-valued columns:
 
 * ``prompt``: ``[{"role": "user", "content": ...}]`` (TRL's conversational format), the problem put in a prompt
-  template (`PROMPT_TEMPLATES`, ``prompt_template=`` of the loaders):
-
-  - ``"boxed"`` (the default): problem + " " + instruction, by default `BOXED_INSTRUCTION`
-    (``"Let's think step by step and output the final answer within \\boxed{}."``), which the ``\boxed{}`` rewards
-    of `trl_bandpo.scoring.rewards` read;
-  - ``"dapo"``: DAPO's template, in which the BandPO authors' public verl scripts put every training and validation
-    problem: ``"Solve the following math problem step by step. The last line of your response should be of the form
-    Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n" + problem + "\n\nRemember to
-    put your answer on its own line after \"Answer:\"."`` (the instruction is ignored; the answer comes on a last
-    line ``Answer: ...``, not in ``\boxed{}``);
-
+  template (`PROMPT_TEMPLATES`, ``prompt_template=`` of the loaders; `trl_bandpo.data.prompts`): ``"boxed"`` (the
+  default: problem + " " + `BOXED_INSTRUCTION`) or ``"dapo"`` (DAPO's "Answer:" template, as the BandPO authors'
+  verl scripts prompt every problem);
 * ``solution``: the ground-truth final answer (what the reward compares the model's answer with),
 * ``data_source``: the registry name or file the row came from.
 
-Datasets come from the Hugging Face Hub by registry name (`DATASETS`: the BandPO/DGPO training sets, the six
-evaluation benchmarks and other copies of some of them) or from local JSONL/JSON/Parquet/CSV files (and folders
-written by ``Dataset.save_to_disk``) for offline use. Local JSON and CSV files are read with every answer exactly as
-written (``12345678901234567890`` and ``1.50`` stay as they are; `trl_bandpo.data.files`). A dataset of which no row
-is usable is an error that counts the dropped rows per reason (empty problem or answer, wrong type, level,
-duplicate); a Hub dataset that cannot be reached is one error that says how to pass a local file instead.
-`drop_long_prompts` drops prompts longer than a number of tokens, measured with the model's chat template as the
-trainer will see them (the BandPO authors drop prompts over 1,024 tokens; `trl_bandpo.data.lengths`).
+Datasets come from the Hugging Face Hub by registry name (`DATASETS`) or from local JSONL/JSON/Parquet/CSV files
+(and ``save_to_disk`` folders), read with every answer exactly as written (`trl_bandpo.data.files`). A dataset of
+which no row is usable is an error that counts the dropped rows per reason; a Hub dataset that cannot be reached is
+one error that says how to pass a local file instead. `drop_long_prompts` drops prompts longer than a number of
+tokens, as the trainer will see them (`trl_bandpo.data.lengths`).
 
 Hub ids, configurations, splits and columns (from the dataset cards and the authors' data-preparation scripts;
 override the split and columns with the keyword arguments of `load_math_dataset`):
@@ -58,20 +47,10 @@ aime2025-math-ai.
 """
 
 from .lengths import drop_long_prompts, prompt_lengths
-from .loading import (
-    get_field,
-    load_eval_benchmarks,
-    load_math_dataset,
-    load_training_mix,
-)
+from .loading import load_eval_benchmarks, load_math_dataset, load_training_mix
 from .prompts import BOXED_INSTRUCTION, DAPO_PROMPT_PREFIX, DAPO_PROMPT_SUFFIX, PROMPT_TEMPLATES, format_prompt
-from .registry import (
-    DATASETS,
-    EVAL_BENCHMARKS,
-    TRAINING_MIXES,
-    DatasetSpec,
-    resolve_dataset_name,
-)
+from .registry import DATASETS, EVAL_BENCHMARKS, TRAINING_MIXES, DatasetSpec, resolve_dataset_name
+from .rows import get_field
 
 __all__ = [
     "BOXED_INSTRUCTION",

@@ -3,17 +3,10 @@ r"""Reading local dataset files into rows without changing a single answer.
 `datasets.load_dataset("json" | "csv", ...)` infers one Arrow type per column, which silently rewrites gold answers:
 a JSON column mixing floats and big integers becomes float64 (``9007199254740993`` -> ``9007199254740992``,
 ``12345678901234567890`` -> ``12345678901234567168``), and pandas reads CSV cells such as ``007`` or ``1.50`` as
-numbers. So JSON, JSON Lines and CSV files are read here, in Python, with every value exactly as written:
-
-* JSON / JSON Lines (``.json``, ``.jsonl``): a JSON array of objects, one object (``.json``), or one object per
-  line. Numbers are kept as their literal text in `JsonNumber` (a ``str``): ``1.50`` stays ``"1.50"``, ``2.0``
-  stays ``"2.0"``, ``1e3`` stays ``"1e3"`` (the math-verify reward compares values, so ``1.50`` still matches
-  ``\boxed{1.5}``). ``NaN`` becomes a float NaN, which the loader treats as a missing value.
-* CSV (``.csv``): every cell is a string, as written (an empty cell is an empty string, i.e. a missing value).
-* Parquet files and ``save_to_disk`` folders keep their stored types (exact already) and are read with `datasets`;
-  the loader formats their integers in full and their floats with `repr` (see `trl_bandpo.data.rows`).
-
-Errors name the file, and for invalid JSON the line and column.
+numbers. So JSON, JSON Lines and CSV files are read here, in Python, with every value exactly as written: JSON
+numbers as their literal text (`JsonNumber`: ``1.50`` stays ``"1.50"``; ``NaN`` becomes a float NaN, a missing
+value), CSV cells as strings. Parquet files and ``save_to_disk`` folders keep their stored types (exact already) and
+are read with `datasets`. Errors name the file, and for invalid JSON the line and column.
 """
 
 from __future__ import annotations
@@ -23,8 +16,6 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-__all__ = ["LOCAL_FORMATS", "JsonNumber", "read_local"]
 
 LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 _ENCODING = "utf-8-sig"  # UTF-8, ignoring a byte-order mark
@@ -56,11 +47,13 @@ def _as_row(value: Any, path: Path, where: str) -> dict[str, Any]:
 
 def _read_json(path: Path) -> list[dict[str, Any]]:
     """Rows of a JSON array, one JSON object (.json), or JSON Lines, with numbers as `JsonNumber`."""
-    text = _read_text(path)
+    try:
+        text = path.read_text(encoding=_ENCODING)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
     if not text.strip():
         raise ValueError(f"{path} is empty: it holds no rows")
-    whole_document = text.lstrip().startswith("[") or path.suffix.lower() == ".json"
-    if whole_document:
+    if text.lstrip().startswith("[") or path.suffix.lower() == ".json":  # one whole document
         try:
             document = _decode(text)
         except json.JSONDecodeError as err:
@@ -91,13 +84,6 @@ def _read_csv(path: Path) -> list[dict[str, Any]]:
             return [{key: value for key, value in row.items() if key is not None} for row in reader]
         except csv.Error as err:
             raise ValueError(f"{path}: invalid CSV at line {reader.line_num}: {err}") from None
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding=_ENCODING)
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
 
 
 def _slice(rows: list[dict[str, Any]], split: str | None, path: Path) -> list[dict[str, Any]]:

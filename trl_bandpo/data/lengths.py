@@ -1,12 +1,9 @@
 """Prompt lengths in tokens, measured as the trainer will see them, and the filter that drops overlong prompts.
 
-The BandPO authors' verl runs drop every prompt longer than 1,024 tokens (``data.max_prompt_length=1024`` with
-``data.filter_overlong_prompts=True`` in their public training scripts). TRL 1.16 has no prompt-length setting: a long
-prompt is generated from as it is. `drop_long_prompts` applies the same filter to a prompt dataset before training.
-
-A prompt is measured as `trl.GRPOTrainer` tokenizes it: a conversational prompt (a list of messages) through the
-tokenizer's chat template with ``add_generation_prompt=True`` (and the run's ``chat_template_kwargs``), a plain-text
-prompt with the tokenizer itself.
+The BandPO authors' verl runs drop every prompt longer than 1,024 tokens (``data.filter_overlong_prompts``); TRL has
+no such setting, so `drop_long_prompts` applies the filter to a prompt dataset before training. A prompt is measured
+as `trl.GRPOTrainer` tokenizes it: a conversation through the chat template with ``add_generation_prompt=True``, a
+plain-text prompt with the tokenizer itself.
 """
 
 from __future__ import annotations
@@ -15,8 +12,6 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-__all__ = ["drop_long_prompts", "prompt_lengths"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +43,6 @@ def _check_prompts(prompts: Any) -> list[Any]:
     return list(prompts)
 
 
-def _tokenizer(tokenizer: Any):
-    """`tokenizer`, or the tokenizer of the model folder / Hub id it names (loaded with `AutoTokenizer`)."""
-    if isinstance(tokenizer, (str, os.PathLike)):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(os.fspath(tokenizer))
-    return tokenizer
-
-
 def prompt_lengths(
     prompts: Sequence[Any], tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None
 ) -> list[int]:
@@ -77,7 +63,10 @@ def prompt_lengths(
         ValueError: a malformed prompt (neither a string nor a list of messages), named by its index.
     """
     prompts = _check_prompts(prompts)
-    tokenizer = _tokenizer(tokenizer)
+    if isinstance(tokenizer, (str, os.PathLike)):  # a model folder or Hub id
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
     kwargs = dict(chat_template_kwargs or {})
     lengths: list[int] = []
     for start in range(0, len(prompts), _BATCH):
@@ -87,10 +76,9 @@ def prompt_lengths(
         texts = [prompt for prompt, is_chat in zip(batch, conversational) if not is_chat]
         chat_ids = []
         if chats:
-            encoded = tokenizer.apply_chat_template(
+            chat_ids = tokenizer.apply_chat_template(
                 chats, add_generation_prompt=True, tokenize=True, return_dict=True, **kwargs
-            )
-            chat_ids = encoded["input_ids"]
+            )["input_ids"]
         text_ids = tokenizer(text=texts)["input_ids"] if texts else []
         chat_iter, text_iter = iter(chat_ids), iter(text_ids)
         lengths.extend(len(next(chat_iter) if is_chat else next(text_iter)) for is_chat in conversational)

@@ -1,12 +1,8 @@
 r"""Loaders that turn registered or local math datasets into TRL prompt datasets (``prompt``, ``solution``).
 
-`load_math_dataset` reads one dataset (a registry name from `trl_bandpo.data.registry`, or a local file or
-``save_to_disk`` folder, read by `trl_bandpo.data.files` with every answer exactly as written) and normalises its
-rows (`trl_bandpo.data.rows`): the problem (DAPO's "Answer:" template removed from rows that carry it) put in a prompt
-template (`trl_bandpo.data.prompts`: by default followed by `BOXED_INSTRUCTION`; ``prompt_template="dapo"`` wraps it
-in DAPO's template) as a one-message conversation, and the final answer as a string. A dataset without a single
-usable row is an error that counts the dropped rows per reason. `load_training_mix` and `load_eval_benchmarks` load
-several at once.
+`load_math_dataset` reads one dataset (`trl_bandpo.data.registry`, or a local file read by `trl_bandpo.data.files`),
+normalises its rows (`trl_bandpo.data.rows`) and puts each problem in a prompt template (`trl_bandpo.data.prompts`).
+`load_training_mix` and `load_eval_benchmarks` load several at once.
 """
 
 from __future__ import annotations
@@ -20,39 +16,18 @@ from typing import Any
 from .files import LOCAL_FORMATS, read_local
 from .prompts import BOXED_INSTRUCTION, check_prompt_template, format_prompt
 from .registry import DATASETS, EVAL_BENCHMARKS, TRAINING_MIXES, DatasetSpec, resolve_dataset_name
-from .rows import FILTERS, Selection, get_field, has_field, select_rows
-
-__all__ = [
-    "ANSWER_FIELD_CANDIDATES",
-    "BOXED_INSTRUCTION",
-    "PROBLEM_FIELD_CANDIDATES",
-    "get_field",
-    "load_eval_benchmarks",
-    "load_math_dataset",
-    "load_training_mix",
-]
+from .rows import FILTERS, Selection, has_field, select_rows
 
 logger = logging.getLogger(__name__)
 
 # Column names tried, in order, when a local file's problem/answer columns are not given.
 PROBLEM_FIELD_CANDIDATES = ("problem", "question", "Problem", "Question", "prompt", "input")
-ANSWER_FIELD_CANDIDATES = (
-    "answer",
-    "final_answer",
-    "Answer",
-    "ground_truth",
-    "reward_model.ground_truth",
-    "target",
-    "solution",
-    "Solution",
-)
+ANSWER_FIELD_CANDIDATES = ("answer", "final_answer", "Answer", "ground_truth", "reward_model.ground_truth", "target",
+                           "solution", "Solution")  # fmt: skip
 
 
-def _build_prompt(problem: str, prompt_template: str, instruction: str | None) -> list[dict[str, str]]:
-    return [{"role": "user", "content": format_prompt(problem, prompt_template, instruction)}]
-
-
-def _check_template_arguments(prompt_template: str, instruction: str | None) -> None:
+def _check_template_arguments(prompt_template: str, instruction: str | None) -> str | None:
+    """Check the template and the instruction; return the instruction the template uses (None for "dapo")."""
     check_prompt_template(prompt_template)
     if instruction is not None and not isinstance(instruction, str):
         raise ValueError(f"instruction must be a string or None, got {instruction!r}")
@@ -60,6 +35,7 @@ def _check_template_arguments(prompt_template: str, instruction: str | None) -> 
         logger.warning(
             "prompt_template='dapo' ignores instruction=%r: DAPO's template has its own instruction", instruction
         )
+    return instruction if prompt_template == "boxed" else None
 
 
 def _pick_field(given: str | None, default: str | None, candidates: Sequence[str], row: Mapping, what: str) -> str:
@@ -143,7 +119,7 @@ def load_math_dataset(
         isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1
     ):
         raise ValueError(f"max_samples must be None or an integer >= 1, got {max_samples!r}")
-    _check_template_arguments(prompt_template, instruction)
+    instruction = _check_template_arguments(prompt_template, instruction)
     if not os.fspath(name_or_path).strip():  # Path("") is the current folder: never read it as a dataset
         raise ValueError(
             f"name_or_path is empty (got {os.fspath(name_or_path)!r}): give a registry name ({', '.join(DATASETS)}) "
@@ -188,23 +164,18 @@ def load_math_dataset(
             raise ValueError(f"level_field={level_field!r} is not a column of {label} (columns: {sorted(first)})")
 
     selection = select_rows(
-        raw,
-        problem_key,
-        answer_key,
-        level_field=level_field,
-        levels=level_set,
-        deduplicate=deduplicate,
+        raw, problem_key, answer_key, level_field=level_field, levels=level_set, deduplicate=deduplicate,
         max_samples=max_samples,
-    )
+    )  # fmt: skip
     _report_drops(selection, label, problem_key, answer_key, level_set)
-    count = len(selection.problems)
     import datasets
 
+    prompts = [format_prompt(problem, prompt_template, instruction) for problem in selection.problems]
     return datasets.Dataset.from_dict(
         {
-            "prompt": [_build_prompt(problem, prompt_template, instruction) for problem in selection.problems],
+            "prompt": [[{"role": "user", "content": prompt}] for prompt in prompts],
             "solution": selection.solutions,
-            "data_source": [source] * count,
+            "data_source": [source] * len(prompts),
         }
     )
 
@@ -238,13 +209,9 @@ def _report_drops(
             f"{label}: none of its {selection.examined} rows is usable ({fields}): {drops}. Check problem_field / "
             "answer_field (and levels) against the data."
         )
+    level = logging.INFO if set(selection.dropped) <= set(FILTERS) else logging.WARNING
     dropped = sum(selection.dropped.values())
-    message = "%s: dropped %d of %d rows read (%s): %s"
-    arguments = (label, dropped, selection.examined, fields, drops)
-    if set(selection.dropped) <= set(FILTERS):
-        logger.info(message, *arguments)
-    else:
-        logger.warning(message, *arguments)
+    logger.log(level, "%s: dropped %d of %d rows read (%s): %s", label, dropped, selection.examined, fields, drops)
 
 
 def load_training_mix(
@@ -270,8 +237,7 @@ def load_training_mix(
     """
     import datasets
 
-    _check_template_arguments(prompt_template, instruction)
-    instruction = instruction if prompt_template == "boxed" else None
+    instruction = _check_template_arguments(prompt_template, instruction)
 
     if isinstance(names, (str, os.PathLike)):
         text = os.fspath(names)
@@ -311,8 +277,7 @@ def load_eval_benchmarks(
     Returns:
         dict benchmark name -> `datasets.Dataset` with ``prompt`` and ``solution``.
     """
-    _check_template_arguments(prompt_template, instruction)
-    instruction = instruction if prompt_template == "boxed" else None
+    instruction = _check_template_arguments(prompt_template, instruction)
     if benchmarks is None:
         benchmarks = list(EVAL_BENCHMARKS)
     if isinstance(benchmarks, str):
@@ -342,12 +307,7 @@ def load_eval_benchmarks(
             loaded[name] = source
         else:
             loaded[name] = load_math_dataset(
-                source,
-                max_samples=max_problems,
-                instruction=instruction,
-                prompt_template=prompt_template,
-                problem_field=problem_field,
-                answer_field=answer_field,
-                data_source=name,
-            )
+                source, max_samples=max_problems, instruction=instruction, prompt_template=prompt_template,
+                problem_field=problem_field, answer_field=answer_field, data_source=name,
+            )  # fmt: skip
     return loaded

@@ -1,30 +1,13 @@
 r"""Prompt templates: how a problem becomes the text of the one user message a policy sees.
 
-Two templates are registered in `PROMPT_TEMPLATES`:
-
-* ``"boxed"`` (the default): the problem, a space and an instruction, by default `BOXED_INSTRUCTION`
-  (``"Let's think step by step and output the final answer within \\boxed{}."``), which the ``\boxed{}`` rewards of
-  `trl_bandpo.scoring.rewards` read.
-* ``"dapo"``: DAPO's template (the DAPO-Math-17k prompts; the BandPO authors' public verl scripts wrap every training
-  and validation problem in it): `DAPO_PROMPT_PREFIX` + problem + `DAPO_PROMPT_SUFFIX`. It asks for the final answer
-  on a last line ``Answer: ...``, not in ``\boxed{}``: pair it with a reward that reads that line. The instruction
-  plays no part in it. Every problem gets DAPO-Math-17k's exact form; the authors' scripts that convert MATH and the
-  benchmarks also put a space on either side of the problem (prefix + " " + problem + " " + suffix).
-
-The problem is inserted as it is: templates are filled by plain substitution, never `str.format`, so the braces of
-LaTeX problems are safe.
+Two templates are registered in `PROMPT_TEMPLATES`: ``"boxed"`` (the default: the problem, a space and an
+instruction, by default `BOXED_INSTRUCTION`, which the ``\boxed{}`` rewards read) and ``"dapo"`` (DAPO's template,
+in which the BandPO authors' verl scripts wrap every problem: `DAPO_PROMPT_PREFIX` + problem + `DAPO_PROMPT_SUFFIX`;
+it asks for a last line ``Answer: ...``, which the ``dapo`` reward reads). Templates are filled by plain
+substitution, never `str.format`, so the braces of LaTeX problems are safe.
 """
 
 from __future__ import annotations
-
-__all__ = [
-    "BOXED_INSTRUCTION",
-    "DAPO_PROMPT_PREFIX",
-    "DAPO_PROMPT_SUFFIX",
-    "PROMPT_TEMPLATES",
-    "check_prompt_template",
-    "format_prompt",
-]
 
 BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 

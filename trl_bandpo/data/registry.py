@@ -1,30 +1,14 @@
 """The registry of math datasets: where each lives on the Hugging Face Hub and how to read it.
 
-`DATASETS` maps a registry name to its `DatasetSpec` (the BandPO/DGPO training sets, the six evaluation benchmarks
-and alternative copies of some of them; the table in `trl_bandpo.data` lists them), `resolve_dataset_name` accepts
-aliases such as ``"aime24"``, and `EVAL_BENCHMARKS` / `TRAINING_MIXES` name the sets the papers evaluate and train
-on.
-
-Where the BandPO training sets come from (the authors' public data-preparation scripts, github.com/OpenMOSS/BandPO):
-DAPO-Math-17k is the English configuration ``en`` of ``open-r1/DAPO-Math-17k-Processed`` (DAPO-Math-17k
-de-duplicated and split by language; its ``prompt`` column holds the problem text, in DAPO's template, which the
-loader removes, and ``solution`` the answer), and
-MATH levels 3-5 are the rows of level 3, 4 or 5 of the 12,000-problem train split of
-``nlile/hendrycks-MATH-benchmark`` (columns ``problem``, ``answer``, ``level`` as an integer, ``solution``,
-``subject``, ``unique_id``), with ``answer`` as the ground truth.
+`DATASETS` maps a registry name to its `DatasetSpec` (the table in `trl_bandpo.data` lists them),
+`resolve_dataset_name` accepts aliases such as ``"aime24"``, and `EVAL_BENCHMARKS` / `TRAINING_MIXES` name the sets
+the papers evaluate and train on. The BandPO training sets follow the authors' public data-preparation scripts
+(github.com/OpenMOSS/BandPO).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-__all__ = [
-    "DATASETS",
-    "EVAL_BENCHMARKS",
-    "TRAINING_MIXES",
-    "DatasetSpec",
-    "resolve_dataset_name",
-]
 
 
 @dataclass(frozen=True)
@@ -57,60 +41,25 @@ class DatasetSpec:
 DATASETS: dict[str, DatasetSpec] = {
     # Training sets: the BandPO authors' sources.
     "dapo-math-17k": DatasetSpec(
-        "open-r1/DAPO-Math-17k-Processed",
-        "train",
-        "prompt",
-        "solution",
-        configs=("en",),
-        deduplicate=True,
-        description="DAPO-Math-17k, English problems only (~14.1k, integer answers); BandPO training set",
-    ),
+        "open-r1/DAPO-Math-17k-Processed", "train", "prompt", "solution", configs=("en",), deduplicate=True,
+        description="DAPO-Math-17k, English problems only (~14.1k, integer answers); BandPO training set"),
     "math-level3to5": DatasetSpec(
-        "nlile/hendrycks-MATH-benchmark",
-        "train",
-        "problem",
-        "answer",
-        level_field="level",
-        levels=(3, 4, 5),
-        description="MATH train (12,000 problems), levels 3-5; merged with DAPO-Math-17k by BandPO",
-    ),
+        "nlile/hendrycks-MATH-benchmark", "train", "problem", "answer", level_field="level", levels=(3, 4, 5),
+        description="MATH train (12,000 problems), levels 3-5; merged with DAPO-Math-17k by BandPO"),
     # Other copies of the training sets.
     "dapo-math-17k-original": DatasetSpec(
-        "BytedTsinghua-SIA/DAPO-Math-17k",
-        "train",
-        "prompt",
-        "reward_model.ground_truth",
-        deduplicate=True,
-        description="DAPO-Math-17k as released (Chinese problems included), de-duplicated; the `dgpo` mix",
-    ),
+        "BytedTsinghua-SIA/DAPO-Math-17k", "train", "prompt", "reward_model.ground_truth", deduplicate=True,
+        description="DAPO-Math-17k as released (Chinese problems included), de-duplicated; the `dgpo` mix"),
     "math-level3to5-lighteval": DatasetSpec(
-        "DigitalLearningGmbH/MATH-lighteval",
-        "train",
-        "problem",
-        "solution",
-        configs=("default",),
-        level_field="level",
-        levels=(3, 4, 5),
-        description="MATH train (7,500 problems), levels 3-5 (answer = last \\boxed{} of the solution)",
-    ),
+        "DigitalLearningGmbH/MATH-lighteval", "train", "problem", "solution", configs=("default",),
+        level_field="level", levels=(3, 4, 5),
+        description="MATH train (7,500 problems), levels 3-5 (answer = last \\boxed{} of the solution)"),
     "hendrycks-math-level3to5": DatasetSpec(
-        "EleutherAI/hendrycks_math",
-        "train",
-        "problem",
-        "solution",
-        configs=(
-            "algebra",
-            "counting_and_probability",
-            "geometry",
-            "intermediate_algebra",
-            "number_theory",
-            "prealgebra",
-            "precalculus",
-        ),
-        level_field="level",
-        levels=(3, 4, 5),
-        description="The same MATH levels 3-5 from the EleutherAI per-subject copy",
-    ),
+        "EleutherAI/hendrycks_math", "train", "problem", "solution",
+        configs=("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
+                 "prealgebra", "precalculus"),
+        level_field="level", levels=(3, 4, 5),
+        description="The same MATH levels 3-5 from the EleutherAI per-subject copy"),
     # Evaluation benchmarks.
     "aime2024": DatasetSpec("HuggingFaceH4/aime_2024", "train", "problem", "answer", description="AIME 2024 (30)"),
     "aime2025": DatasetSpec("yentinglin/aime_2025", "train", "problem", "answer", description="AIME 2025 (30)"),
@@ -118,38 +67,23 @@ DATASETS: dict[str, DatasetSpec] = {
     "math500": DatasetSpec("HuggingFaceH4/MATH-500", "test", "problem", "answer", description="MATH-500 (500)"),
     "minerva": DatasetSpec("math-ai/minervamath", "test", "question", "answer", description="Minerva Math (272)"),
     "olympiadbench": DatasetSpec(
-        "math-ai/olympiadbench", "test", "question", "final_answer", description="OlympiadBench (675)"
-    ),
+        "math-ai/olympiadbench", "test", "question", "final_answer", description="OlympiadBench (675)"),
     # The AIME copies the DGPO paper evaluates on (math-ai/aime24 keeps the answer as "\boxed{...}" in `solution`).
     "aime2024-math-ai": DatasetSpec(
-        "math-ai/aime24", "test", "problem", "solution", description="AIME 2024 (30), math-ai copy (DGPO)"
-    ),
+        "math-ai/aime24", "test", "problem", "solution", description="AIME 2024 (30), math-ai copy (DGPO)"),
     "aime2025-math-ai": DatasetSpec(
-        "math-ai/aime25", "test", "problem", "answer", description="AIME 2025 (30), math-ai copy (DGPO)"
-    ),
-}
+        "math-ai/aime25", "test", "problem", "answer", description="AIME 2025 (30), math-ai copy (DGPO)"),
+}  # fmt: skip
 
 _ALIASES = {
-    "dapo": "dapo-math-17k",
-    "dapo-math": "dapo-math-17k",
-    "dapo-math-17k-en": "dapo-math-17k",
-    "dapo-math-17k-processed": "dapo-math-17k",
-    "dapo-original": "dapo-math-17k-original",
-    "aime24-math-ai": "aime2024-math-ai",
-    "aime25-math-ai": "aime2025-math-ai",
-    "math-l3-5": "math-level3to5",
-    "math-level-3-5": "math-level3to5",
-    "aime24": "aime2024",
-    "aime-2024": "aime2024",
-    "aime25": "aime2025",
-    "aime-2025": "aime2025",
-    "amc23": "amc2023",
-    "amc-2023": "amc2023",
-    "math-500": "math500",
-    "minervamath": "minerva",
-    "minerva-math": "minerva",
-    "olympiad-bench": "olympiadbench",
-}
+    "dapo": "dapo-math-17k", "dapo-math": "dapo-math-17k", "dapo-math-17k-en": "dapo-math-17k",
+    "dapo-math-17k-processed": "dapo-math-17k", "dapo-original": "dapo-math-17k-original",
+    "aime24-math-ai": "aime2024-math-ai", "aime25-math-ai": "aime2025-math-ai",
+    "math-l3-5": "math-level3to5", "math-level-3-5": "math-level3to5",
+    "aime24": "aime2024", "aime-2024": "aime2024", "aime25": "aime2025", "aime-2025": "aime2025",
+    "amc23": "amc2023", "amc-2023": "amc2023", "math-500": "math500",
+    "minervamath": "minerva", "minerva-math": "minerva", "olympiad-bench": "olympiadbench",
+}  # fmt: skip
 
 # The six DGPO benchmarks in the order the papers report them; BandPO uses amc2023, aime2024, aime2025.
 EVAL_BENCHMARKS: dict[str, DatasetSpec] = {

@@ -6,9 +6,8 @@ and floats with `repr` (the shortest text that reads back as the same float), ex
 written as integers (``27.0`` -> ``"27"``: benchmarks such as amc23 keep integer answers in float columns). Lists of
 answers are joined by ", ". None, NaN and blank answers are missing.
 
-A row is dropped, and counted under its first reason (`select_rows`), for an empty problem, an empty answer, a problem
-that is not text (a number, a mapping), an answer that is not text, a number or a list of them (a mapping, a
-boolean), a level outside the requested ones, or a problem repeating an earlier one (when de-duplicating).
+A row is dropped, and counted under its first reason (`select_rows`), for an empty problem or answer, a problem or an
+answer of the wrong type, a level outside the requested ones, or a repeated problem (when de-duplicating).
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ from typing import Any
 from ..scoring.answers import extract_boxed_answer
 from .files import JsonNumber
 
-__all__ = ["Selection", "answer_text", "get_field", "has_field", "problem_text", "select_rows"]
-
 EMPTY_PROBLEM = "empty problem"
 EMPTY_ANSWER = "empty answer (missing, blank or NaN)"
 PROBLEM_TYPE = "problem of the wrong type (not text)"
@@ -38,6 +35,7 @@ FILTERS = (LEVEL, DUPLICATE)  # asked for; every other reason is a defect of the
 _DAPO_PREFIX = re.compile(r"^\s*Solve the following math problem step by step\.[^\n]*\n\s*\n", re.DOTALL)
 _DAPO_SUFFIX = re.compile(r"\s*Remember to put your answer on its own line after \"Answer:\"\.?\s*$")
 _EXACT_FLOAT_INTEGERS = 2**53
+_MISSING = object()
 
 
 def get_field(row: Mapping[str, Any], field: str) -> Any:
@@ -56,20 +54,16 @@ def get_field(row: Mapping[str, Any], field: str) -> Any:
     return value
 
 
-def has_field(row: Mapping[str, Any], field: str) -> bool:
-    try:
-        get_field(row, field)
-    except KeyError:
-        return False
-    return True
-
-
-def _lookup(row: Mapping[str, Any], field: str) -> Any:
-    """`get_field`, with None for a field this row lacks (JSON rows need not all have the same keys)."""
+def _lookup(row: Mapping[str, Any], field: str, missing: Any = None) -> Any:
+    """`get_field`, with `missing` for a field this row lacks (JSON rows need not all have the same keys)."""
     try:
         return get_field(row, field)
     except KeyError:
-        return None
+        return missing
+
+
+def has_field(row: Mapping[str, Any], field: str) -> bool:
+    return _lookup(row, field, _MISSING) is not _MISSING
 
 
 def problem_text(value: Any) -> tuple[str, str | None]:
@@ -89,12 +83,6 @@ def problem_text(value: Any) -> tuple[str, str | None]:
     return text, None if text else EMPTY_PROBLEM
 
 
-def _float_text(value: float) -> str:
-    if value.is_integer() and abs(value) < _EXACT_FLOAT_INTEGERS:
-        return str(int(value))
-    return repr(value)
-
-
 def answer_text(value: Any) -> tuple[str, str | None]:
     r"""(ground truth as text, drop reason or None); see the module docstring for the formatting rules."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -102,20 +90,17 @@ def answer_text(value: Any) -> tuple[str, str | None]:
     if isinstance(value, JsonNumber):
         return str(value), None
     if isinstance(value, (list, tuple)):
-        parts = []
-        for item in value:
-            text, reason = answer_text(item)
-            if reason == ANSWER_TYPE:
-                return "", ANSWER_TYPE
-            if text:
-                parts.append(text)
+        items = [answer_text(item) for item in value]
+        if any(reason == ANSWER_TYPE for _, reason in items):
+            return "", ANSWER_TYPE
+        parts = [text for text, _ in items if text]
         return (", ".join(parts), None) if parts else ("", EMPTY_ANSWER)
     if isinstance(value, bool):
         return "", ANSWER_TYPE
     if isinstance(value, (int, decimal.Decimal)):
         text = str(value)
     elif isinstance(value, float):
-        text = _float_text(value)
+        text = str(int(value)) if value.is_integer() and abs(value) < _EXACT_FLOAT_INTEGERS else repr(value)
     elif isinstance(value, str):
         text = value.strip()
         if "\\boxed" in text or "\\fbox" in text:
@@ -196,9 +181,8 @@ def select_rows(
         if max_samples is not None and len(selection.problems) >= max_samples:
             break
         selection.examined = number
-        problem_value = _lookup(row, problem_key)
-        problem, reason = problem_text(problem_value)
-        value = problem_value
+        value = _lookup(row, problem_key)  # the value of the first failing check
+        problem, reason = problem_text(value)
         if reason is None:
             value = _lookup(row, answer_key)
             solution, reason = answer_text(value)

@@ -1,27 +1,14 @@
-r"""Sampling evaluation of math models: mean@k, the unbiased pass@k and verl's bootstrap best@k.
+r"""Sampling evaluation of math models: mean@k, the unbiased pass@k and verl's bootstrap best@k (docs/evaluation.md).
 
 `evaluate` draws `num_samples` completions per problem (vLLM when installed, else ``transformers.generate``;
-`trl_bandpo.evaluation.generation`), scores each with a named checker (`trl_bandpo.evaluation.scorers`: by default
-``"math_verify"``, the 1/0 math_verify reward on the last ``\boxed{}``; also ``"dapo"``, the ``Answer:`` line,
-``"strict"``, the conservative ``prime_math`` rules, and ``"math_reward"``, verl's Hendrycks MATH string check; one per
-benchmark if need be), and reports per benchmark (`trl_bandpo.evaluation.summary`):
+`trl_bandpo.evaluation.generation`), scores each with a named checker (`trl_bandpo.evaluation.scorers`) and reports
+per benchmark (`trl_bandpo.evaluation.summary`) ``mean@n``, ``pass@k`` (unbiased: ``1 - C(n-c, k) / C(n, k)``) and
+``best@k`` (verl's bootstrap: ``1 - (1 - c/n)^k``). The DGPO paper's Pass@32 is best@k (checked against its values);
+the BandPO paper's pass@32 is inferred to be: with a preset, results show it first (`estimator_labels`).
 
-* ``mean@n``: mean accuracy over all n samples of all problems (the papers' "Avg@32" / "mean@32"),
-* ``pass@k`` (unbiased): ``1 - C(n-c, k) / C(n, k)`` averaged over problems, for each k in `ks` (c = correct
-  samples of the problem). pass@1 equals mean@n.
-* ``best@k`` (bootstrap, as verl logs): ``1 - (1 - c/n)^k`` averaged over problems, the closed form of verl's
-  ``best@k/mean`` (k samples drawn with replacement). docs/evaluation.md compares the two estimators. The DGPO
-  paper's Pass@32 is this one (checked against its values), and the BandPO paper's pass@32 is inferred to be (the
-  authors' verl logs no other): with a preset, results show it first, labelled as the paper's metric
-  (`estimator_labels`).
-
-`EVAL_PRESETS` holds the two papers' protocols (``"bandpo"``, ``"dgpo"``); `preset_settings` turns one into
-`evaluate` arguments. The settings are an `EvalSettings` (`trl_bandpo.evaluation.settings`), each checked, like the
-output folder, before the model is loaded. Results go to
-``results.json`` (settings, metrics, per-problem correct counts), ``results.md`` (Markdown tables, each estimator
-labelled) and, optionally, ``samples_<benchmark>.jsonl`` (every completion with its score), written batch by batch
-as the samples are scored, so that a failure late in a run keeps what was generated. The command line is
-``trl-bandpo eval``.
+`EVAL_PRESETS` holds the two papers' protocols (``"bandpo"``, ``"dgpo"``); the settings are an `EvalSettings`, checked
+before the model is loaded. Results go to ``results.json``, ``results.md`` and, optionally,
+``samples_<benchmark>.jsonl``, written batch by batch as the samples are scored. The command is ``trl-bandpo eval``.
 """
 
 from __future__ import annotations
@@ -36,10 +23,9 @@ from typing import Any
 
 from ..core.checks import Integer
 from . import generation
-from .generation import resolve_backend
-from .presets import EVAL_PRESETS, estimator_labels, get_preset, merge_scorer, preset_settings
+from .presets import EVAL_PRESETS, estimator_labels, merge_scorer, preset_settings
 from .scorers import DEFAULT_TIMEOUTS, SCORERS, check_scorer, score, scorers_for
-from .settings import DTYPES, EvalSettings, ValidationSettings, check_device, check_output_dir
+from .settings import DTYPES, EvalSettings, ValidationSettings, check_output_dir
 from .summary import (
     BEST_LABEL,
     PASS_LABEL,
@@ -62,13 +48,11 @@ __all__ = [
     "SCORERS",
     "best_at_k",
     "bootstrap_best_at_k",
-    "check_device",
     "check_output_dir",
     "check_scorer",
     "default_ks",
     "estimator_labels",
     "evaluate",
-    "get_preset",
     "load_benchmarks",
     "mean_accuracy",
     "merge_scorer",
@@ -142,11 +126,6 @@ def _sample_and_score(
     return correct, seconds
 
 
-def _timeout(scorer: str, timeout_s: float | None) -> float | None:
-    """The limit per answer that `scorer` applies (None for "dapo", which needs none)."""
-    return None if DEFAULT_TIMEOUTS[scorer] is None else timeout_s or DEFAULT_TIMEOUTS[scorer]
-
-
 def write_results_markdown(results: Mapping[str, Any]) -> str:
     """``results.md`` of an `evaluate` result: the settings, then one table per estimator, each labelled, in the order
     of ``results["estimators"]`` (a preset's paper estimator first, `estimator_labels`)."""
@@ -218,7 +197,7 @@ def evaluate(
         settings = EvalSettings(**kwargs)
     elif kwargs:
         settings = dataclasses.replace(settings, **kwargs)
-    backend = resolve_backend(settings.backend)
+    backend = generation.resolve_backend(settings.backend)
     model = os.fspath(model_name_or_path)
     out = None if output_dir is None else check_output_dir(output_dir)
     datasets_by_name = load_benchmarks(
@@ -247,7 +226,10 @@ def evaluate(
         "settings": {key: getattr(settings, key) for key in keys}
         | {
             "scorer": chosen,
-            "timeout_s": {name: _timeout(s, settings.timeout_s) for name, s in chosen.items()},
+            "timeout_s": {  # the limit per answer each scorer applies (None for those that take none)
+                name: None if DEFAULT_TIMEOUTS[s] is None else settings.timeout_s or DEFAULT_TIMEOUTS[s]
+                for name, s in chosen.items()
+            },
             "backend": backend,
             "seed": settings.seed,
             "max_problems": settings.max_problems,

@@ -10,8 +10,6 @@ import importlib.util
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["Generator", "load_generator", "render_prompt", "resolve_backend"]
-
 
 def render_prompt(tokenizer, prompt: Any, **template_kwargs: Any) -> str:
     """Chat-template text (with the generation prompt) for a conversational prompt; plain text is used as is.
@@ -28,27 +26,18 @@ def render_prompt(tokenizer, prompt: Any, **template_kwargs: Any) -> str:
 Generator = Callable[[list[Any]], list[list[str]]]
 
 
-def _vllm_generator(
-    model: str,
-    num_samples: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int,
-    dtype: str,
-    vllm_kwargs: Mapping[str, Any],
-    top_k: int | None = None,
-) -> Generator:
+def _vllm_generator(model: str, settings: Mapping[str, Any]) -> Generator:
     """One vLLM engine; each call samples `num_samples` completions per prompt (``SamplingParams(n=num_samples)``)."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, seed=seed, dtype=dtype, **dict(vllm_kwargs))
+    num_samples, seed, top_k = settings["num_samples"], settings["seed"], settings.get("top_k")
+    llm = LLM(model=model, seed=seed, dtype=settings["dtype"], **dict(settings["vllm_kwargs"]))
     tokenizer = llm.get_tokenizer()
     extra = {} if top_k is None else {"top_k": top_k}  # vLLM's default is no top-k
-    greedy = temperature == 0  # vLLM refuses n > 1 with greedy decoding: decode once, repeat
+    greedy = settings["temperature"] == 0  # vLLM refuses n > 1 with greedy decoding: decode once, repeat
     params = SamplingParams(
-        n=1 if greedy else num_samples, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed,
-        **extra,
+        n=1 if greedy else num_samples, temperature=settings["temperature"], top_p=settings["top_p"],
+        max_tokens=settings["max_new_tokens"], seed=seed, **extra,
     )  # fmt: skip
 
     def generate(prompts: list[Any]) -> list[list[str]]:
@@ -63,47 +52,33 @@ def _vllm_generator(
     return generate
 
 
-def _transformers_generator(
-    model_name_or_path: str,
-    num_samples: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    seed: int,
-    dtype: str,
-    batch_size: int,
-    device: str | None,
-    top_k: int | None = None,
-) -> Generator:
+def _transformers_generator(model_name_or_path: str, settings: Mapping[str, Any], samples_per_call: int) -> Generator:
     """One model; each call samples with ``model.generate`` (left padding, ``num_return_sequences``)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = settings["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_name_or_path, dtype=dtype).to(device).eval()
-    greedy = temperature == 0
-    samples_per_call = 1 if greedy else num_samples  # greedy decoding is deterministic: decode once, repeat
+    model = AutoModelForCausalLM.from_pretrained(model_name_or_path, dtype=settings["dtype"]).to(device).eval()
+    num_samples, temperature, top_p = settings["num_samples"], settings["temperature"], settings["top_p"]
+    greedy = temperature == 0  # greedy decoding is deterministic: decode once, repeat
     # Plain temperature / top-p sampling, as vLLM does: override top_k / repetition_penalty that a model's
     # generation_config.json may set (Qwen instruct models ship top_k=20, repetition_penalty=1.05).
     sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p}
-    sampling.update(top_k=top_k or 0, repetition_penalty=1.0)  # top_k 0: none
-    torch.manual_seed(seed)
+    sampling.update(top_k=settings.get("top_k") or 0, repetition_penalty=1.0)  # top_k 0: none
+    torch.manual_seed(settings["seed"])
 
     def generate(prompts: list[Any]) -> list[list[str]]:
         texts = [render_prompt(tokenizer, p) for p in prompts]
         batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         with torch.inference_mode():
             output = model.generate(
-                **batch,
-                max_new_tokens=max_new_tokens,
-                num_return_sequences=samples_per_call,
-                pad_token_id=tokenizer.pad_token_id,
-                **sampling,
-            )
+                **batch, max_new_tokens=settings["max_new_tokens"], num_return_sequences=samples_per_call,
+                pad_token_id=tokenizer.pad_token_id, **sampling,
+            )  # fmt: skip
         new_tokens = output[:, batch["input_ids"].shape[1] :]  # (prompts * samples_per_call, new tokens)
         decoded = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         groups = [decoded[i : i + samples_per_call] for i in range(0, len(decoded), samples_per_call)]
@@ -126,14 +101,11 @@ def load_generator(backend: str, model: str, settings: Mapping[str, Any]) -> tup
         ``(generate, prompts_per_call)``: `generate` maps a list of prompts to their completions; each call should
         hold at most `prompts_per_call` prompts (None: any number; vLLM schedules a whole benchmark itself).
     """
-    common = [settings[key] for key in ("num_samples", "max_new_tokens", "temperature", "top_p", "seed", "dtype")]
-    top_k = settings.get("top_k")
     if backend == "vllm":
-        return _vllm_generator(model, *common, settings["vllm_kwargs"], top_k=top_k), None
+        return _vllm_generator(model, settings), None
     samples_per_call = 1 if settings["temperature"] == 0 else settings["num_samples"]
-    prompts_per_call = max(1, settings["batch_size"] // samples_per_call)
-    generate = _transformers_generator(model, *common, settings["batch_size"], settings["device"], top_k=top_k)
-    return generate, prompts_per_call
+    generate = _transformers_generator(model, settings, samples_per_call)
+    return generate, max(1, settings["batch_size"] // samples_per_call)
 
 
 def resolve_backend(backend: str, field: str = "backend") -> str:

@@ -1,25 +1,9 @@
 r"""Evaluation protocols of the two papers as presets of `trl_bandpo.evaluation.evaluate` and ``trl-bandpo eval``.
 
-`EVAL_PRESETS` maps a preset name to its settings; ``sources`` says where each value comes from (docs/evaluation.md
-shows them as tables). `preset_settings` turns a preset into `evaluate` keyword arguments, with explicit values
-winning over the preset's.
-
-* ``"bandpo"``: the BandPO paper's validation (arXiv:2603.04918, §4 "Experimental Setup") as the authors' public
-  verl scripts run it: AIME 2024, AIME 2025 and AMC 2023 in DAPO's "Answer:" prompt template, 32 samples at
-  temperature 1.0 and top-p 1.0 without top-k, 4,096 new tokens; AIME scored by verl's ``math_dapo`` rule (the
-  ``"dapo"`` scorer), AMC by verl's ``math_reward`` rule (the ``"math_reward"`` scorer). The AMC scorer is inferred
-  (``sources["scorer"]`` says why); ``scorer={"amc2023": "dapo"}`` switches it, keeping the AIME ones.
-* ``"dgpo"``: the DGPO paper's evaluation (arXiv:2603.14389, §5.1 and Appendices B-C): AIME24/25 (math-ai copies),
-  AMC23, MATH500, Minerva and OlympiadBench, Avg@32, Pass@32 and Pass@k for k in {1, 2, 4, 8, 16, 32}, 8,192 new
-  tokens, scored by
-  the conservative ``prime_math`` rules (the ``"strict"`` scorer). The paper states temperature 1.0 and top-p 1.0
-  for rollout generation and no separate evaluation sampling; the preset uses the same values (our choice), no
-  top-k, and the boxed prompt (also our choice: ``prime_math`` grades the last ``\boxed{}``).
-
-``estimator`` names which of our two estimators the paper reports as its Pass@32 (``"best"``, verl's bootstrap
-best@k: checked against the DGPO paper's values, inferred from the authors' pipeline for BandPO;
-``sources["estimator"]`` says why), ``paper_metric`` what the paper calls it and ``paper`` the paper; results show
-that estimator first, labelled as the paper's metric (`estimator_labels`).
+`EVAL_PRESETS` maps a preset name (``"bandpo"``, ``"dgpo"``) to its settings, with a ``description`` and the
+``sources`` of each value (docs/evaluation.md shows them as tables); ``estimator`` names which of our two estimators
+the paper reports as its Pass@32 and ``paper_metric`` what the paper calls it (`estimator_labels`).
+`preset_settings` turns a preset into `evaluate` keyword arguments, explicit values winning over the preset's.
 """
 
 from __future__ import annotations
@@ -31,8 +15,6 @@ from typing import Any
 from ..core.checks import Choice
 from .scorers import parse_scorer
 from .summary import BEST_LABEL, PASS_LABEL
-
-__all__ = ["EVAL_PRESETS", "PRESET_SETTINGS", "estimator_labels", "get_preset", "merge_scorer", "preset_settings"]
 
 _BANDPO = "BandPO (arXiv:2603.04918)"
 _BANDPO_SCRIPTS = "the BandPO authors' verl scripts (github.com/OpenMOSS/BandPO, RLtraining/verl/baselinescripts)"
@@ -127,17 +109,8 @@ EVAL_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 #: The keys of a preset that are `evaluate` settings (the rest describe it).
-PRESET_SETTINGS = (
-    "benchmarks",
-    "prompt_template",
-    "temperature",
-    "top_p",
-    "top_k",
-    "num_samples",
-    "max_new_tokens",
-    "scorer",
-    "ks",
-)
+PRESET_SETTINGS = ("benchmarks", "prompt_template", "temperature", "top_p", "top_k", "num_samples", "max_new_tokens",
+                   "scorer", "ks")  # fmt: skip
 
 
 def estimator_labels(preset: str | None = None) -> dict[str, str]:

@@ -1,19 +1,11 @@
-r"""Answer checkers by name, and the resolution of a ``scorer`` setting to one checker per benchmark.
+r"""Answer checkers by name (`SCORERS`; docs/evaluation.md compares them with verl's), and the resolution of a
+``scorer`` setting to one checker per benchmark.
 
-Four checkers are registered in `SCORERS` (docs/evaluation.md compares them with verl's):
-
-* ``"math_verify"``: the last ``\boxed{}`` answer, compared with `math_verify` after a conservative string check
-  (`trl_bandpo.scoring.rewards.score_completions`; the training reward's rule);
-* ``"dapo"``: the last ``Answer: ...`` line, compared as a normalised string, the rules of verl's ``math_dapo``
-  reward (`trl_bandpo.scoring.dapo.score_dapo_completions`), which the BandPO authors validated AIME with;
-* ``"strict"``: the last ``\boxed{}`` answer under the conservative rules of verl's ``prime_math`` grader
-  (`trl_bandpo.scoring.strict_grader.strict_scores`), which the DGPO paper (arXiv:2603.14389, §5.1) evaluates with;
-* ``"math_reward"``: the last ``\boxed{}`` answer, Hendrycks MATH string normalisation and exact equality, the rule
-  of verl's ``math_reward`` (`trl_bandpo.scoring.math_reward`), which the BandPO authors validated AMC with.
-
-A ``scorer`` setting is one name (every benchmark) or a mapping benchmark -> name (e.g. AIME by ``"dapo"`` and AMC
-by ``"math_reward"``, as the BandPO authors' verl validation did); `check_scorer` checks it before anything is
-loaded, and `scorers_for` gives each loaded benchmark its checker.
+``"math_verify"`` is the training reward's rule (`trl_bandpo.scoring.rewards`), ``"dapo"`` verl's ``math_dapo``
+(`trl_bandpo.scoring.dapo`), ``"strict"`` verl's ``prime_math`` (`trl_bandpo.scoring.strict_grader`) and
+``"math_reward"`` verl's ``math_reward`` (`trl_bandpo.scoring.math_reward`). A ``scorer`` setting is one name (every
+benchmark) or a mapping benchmark -> name; `check_scorer` checks it before anything is loaded, and `scorers_for`
+gives each loaded benchmark its checker.
 """
 
 from __future__ import annotations
@@ -25,8 +17,6 @@ from ..scoring.dapo import score_dapo_completions
 from ..scoring.math_reward import score_math_reward_completions
 from ..scoring.rewards import score_completions
 from ..scoring.strict_grader import strict_scores
-
-__all__ = ["DEFAULT_TIMEOUTS", "SCORERS", "Scorer", "check_scorer", "parse_scorer", "score", "scorers_for"]
 
 
 class Scorer(NamedTuple):

@@ -1,14 +1,9 @@
 r"""The settings of an evaluation, each checked once, where it is declared.
 
-`EvalSettings` holds every setting of `trl_bandpo.evaluation.evaluate`, with its help: `evaluate` builds one from its
-keyword arguments, ``trl-bandpo eval`` parses one with `transformers.HfArgumentParser`, and its ``__post_init__``
-checks every value (`trl_bandpo.core.checks`), before any model or data is loaded. `ValidationSettings` adds what
-validation during training needs (`every_steps`, `at_start`, `at_end`) and is what
-`trl_bandpo.evaluation.validation.ValidationCallback` runs with; `recipe_fields` makes the recipe's ``val_*`` fields
-from it, with the same help and, since they build a `ValidationSettings`, the same checks.
-
-Messages and warnings name each setting as its caller spells it (``names``: the flags of ``trl-bandpo eval``, the
-recipe fields), and start with that name.
+`EvalSettings` holds every setting of `trl_bandpo.evaluation.evaluate`, with its help (``trl-bandpo eval`` parses
+it with `transformers.HfArgumentParser`), and checks every value (`trl_bandpo.core.checks`) before any model or data
+is loaded. `ValidationSettings` adds when to validate during training; `recipe_fields` makes the recipe's ``val_*``
+fields from it. Messages name each setting as its caller spells it (``names``: flags, recipe fields).
 """
 
 from __future__ import annotations
@@ -28,18 +23,6 @@ from ..data.prompts import PROMPT_TEMPLATES
 from .presets import EVAL_PRESETS, PRESET_SETTINGS, preset_settings
 from .scorers import check_scorer, parse_scorer
 from .summary import default_ks
-
-__all__ = [
-    "BACKENDS",
-    "CHECKS",
-    "DTYPES",
-    "EvalSettings",
-    "ValidationSettings",
-    "check_device",
-    "check_output_dir",
-    "recipe_field",
-    "recipe_fields",
-]
 
 #: Model dtypes that both backends accept ("auto": the checkpoint's own).
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -68,8 +51,9 @@ CHECKS = {
 _BENCHMARKS = "a registry name, a local file or name=path, a list of them, or a mapping name -> Dataset or path"
 
 
-def _help(text: str, **extra: Any) -> dict[str, Any]:
-    return {"help": text, **extra}
+def _setting(default: Any, text: str, **extra: Any) -> Any:
+    """A dataclass field with its `default` and its help (``metadata["help"]``, as `HfArgumentParser` reads it)."""
+    return field(default=default, metadata={"help": text, **extra})
 
 
 @dataclass
@@ -77,11 +61,10 @@ class EvalSettings:
     r"""
     Every setting of an evaluation: what `trl_bandpo.evaluation.evaluate` and ``trl-bandpo eval`` take.
 
-    Each value is checked when the settings are built: a bad one raises ValueError naming the setting (as `names`
-    spells it), the value and what is allowed. Normalised on the way: numbers to `float`, `ks` to a sorted list
-    (default: powers of two up to `num_samples`, and `num_samples`), `scorer` to a name or a mapping keyed by
-    registry names, comma-separated `benchmarks` to a list. A benchmark scored by ``"dapo"`` under the ``"boxed"``
-    prompt gets a warning (the scorer reads the "Answer:" line DAPO's template asks for).
+    Each value is checked when the settings are built (ValueError naming the setting as `names` spells it, the value
+    and what is allowed) and normalised: numbers to `float`, `ks` to a sorted list (default: `default_ks`), `scorer`
+    to a name or a mapping keyed by registry names, comma-separated `benchmarks` to a list. A benchmark scored by
+    ``"dapo"`` under the ``"boxed"`` prompt gets a warning.
 
     Parameters:
         benchmarks (`list[str]`, *optional*, defaults to `["aime2024", "aime2025", "amc2023"]`):
@@ -99,62 +82,49 @@ class EvalSettings:
 
     benchmarks: list[str] | None = field(
         default_factory=lambda: ["aime2024", "aime2025", "amc2023"],
-        metadata=_help(
-            "Benchmarks: registry names (aime2024 aime2025 amc2023 math500 minerva olympiadbench aime2024-math-ai "
-            "aime2025-math-ai), local files (.jsonl/.json/.parquet/.csv) or name=path."
-        ),
+        metadata={
+            "help": "Benchmarks: registry names (aime2024 aime2025 amc2023 math500 minerva olympiadbench "
+            "aime2024-math-ai aime2025-math-ai), local files (.jsonl/.json/.parquet/.csv) or name=path."
+        },
     )
-    preset: str | None = field(
-        default=None,
-        metadata=_help(
-            "A paper's protocol (docs/evaluation.md), which fills every setting not given: bandpo (AIME 2024/2025 + "
-            "AMC 2023, DAPO prompt, 32 samples at T 1.0 / top-p 1.0, 4,096 new tokens; AIME by the dapo scorer, AMC "
-            "by math_reward, which is inferred: scorer amc2023=dapo switches it) or dgpo (six benchmarks, boxed "
-            "prompt, 32 samples at T 1.0 / top-p 1.0, 8,192 new tokens, strict scorer). Results show the estimator "
-            "the paper reports (bootstrap best@k) first."
-        ),
+    preset: str | None = _setting(
+        None,
+        "A paper's protocol (docs/evaluation.md), which fills every setting not given: bandpo (AIME 2024/2025 + "
+        "AMC 2023, DAPO prompt, 32 samples at T 1.0 / top-p 1.0, 4,096 new tokens; AIME by the dapo scorer, AMC "
+        "by math_reward, which is inferred: scorer amc2023=dapo switches it) or dgpo (six benchmarks, boxed "
+        "prompt, 32 samples at T 1.0 / top-p 1.0, 8,192 new tokens, strict scorer). Results show the estimator "
+        "the paper reports (bootstrap best@k) first.",
     )
-    num_samples: int = field(default=32, metadata=_help("Completions per problem (n of mean@n)."))
-    ks: list[int] | None = field(
-        default=None,
-        metadata=_help("The k of pass@k and best@k, each in [1, num_samples] (eval default: powers of 2 up to it)."),
+    num_samples: int = _setting(32, "Completions per problem (n of mean@n).")
+    ks: list[int] | None = _setting(
+        None, "The k of pass@k and best@k, each in [1, num_samples] (eval default: powers of 2 up to it)."
     )
-    max_new_tokens: int = field(default=4096, metadata=_help("Generation budget per completion, in tokens."))
-    temperature: float = field(
-        default=1.0, metadata=_help("Sampling temperature (both papers: 1.0); 0 decodes greedily once and repeats.")
+    max_new_tokens: int = _setting(4096, "Generation budget per completion, in tokens.")
+    temperature: float = _setting(1.0, "Sampling temperature (both papers: 1.0); 0 decodes greedily once and repeats.")
+    top_p: float = _setting(1.0, "Top-p, in (0, 1] (both papers: 1.0).")
+    top_k: int | None = _setting(None, "Sample among the k likeliest tokens (none: no top-k).")
+    prompt_template: str = _setting(
+        "boxed", "'boxed' (problem + \\boxed{} instruction) or 'dapo' (DAPO's 'Answer:' template)."
     )
-    top_p: float = field(default=1.0, metadata=_help("Top-p, in (0, 1] (both papers: 1.0)."))
-    top_k: int | None = field(default=None, metadata=_help("Sample among the k likeliest tokens (none: no top-k)."))
-    prompt_template: str = field(
-        default="boxed",
-        metadata=_help("'boxed' (problem + \\boxed{} instruction) or 'dapo' (DAPO's 'Answer:' template)."),
+    scorer: str = _setting(
+        "math_verify",
+        "Answer checker: math_verify, dapo, strict or math_reward for every benchmark, and/or BENCHMARK=NAME "
+        "entries (comma-separated) for some, which update a preset's mapping rather than replace it.",
+        nargs="+",
     )
-    scorer: str = field(
-        default="math_verify",
-        metadata=_help(
-            "Answer checker: math_verify, dapo, strict or math_reward for every benchmark, and/or BENCHMARK=NAME "
-            "entries (comma-separated) for some, which update a preset's mapping rather than replace it.",
-            nargs="+",
-        ),
+    seed: int = _setting(0, "Sampling seed, in [0, 2**32).")
+    dtype: str = _setting("auto", "Model dtype: auto, bfloat16, float16 or float32.")
+    batch_size: int = _setting(64, "Sequences per generate call (transformers backend).")
+    device: str | None = _setting(
+        None, "Torch device of the transformers backend (cpu, cuda:1, ...; none: cuda if any)."
     )
-    seed: int = field(default=0, metadata=_help("Sampling seed, in [0, 2**32)."))
-    dtype: str = field(default="auto", metadata=_help("Model dtype: auto, bfloat16, float16 or float32."))
-    batch_size: int = field(default=64, metadata=_help("Sequences per generate call (transformers backend)."))
-    device: str | None = field(
-        default=None,
-        metadata=_help("Torch device of the transformers backend (cpu, cuda:1, ...; none: cuda if any)."),
+    max_problems: int | None = _setting(None, "Only the first problems of each benchmark.")
+    timeout_s: float | None = _setting(
+        None,
+        "Time limit per answer of the math_verify and strict scorers, in seconds (none: 2 and 10; dapo and "
+        "math_reward take none).",
     )
-    max_problems: int | None = field(default=None, metadata=_help("Only the first problems of each benchmark."))
-    timeout_s: float | None = field(
-        default=None,
-        metadata=_help(
-            "Time limit per answer of the math_verify and strict scorers, in seconds (none: 2 and 10; dapo and "
-            "math_reward take none)."
-        ),
-    )
-    backend: str = field(
-        default="auto", metadata=_help("auto (vLLM when installed), vllm or transformers (model.generate).")
-    )
+    backend: str = _setting("auto", "auto (vLLM when installed), vllm or transformers (model.generate).")
     names: InitVar[Mapping[str, str] | None] = None
 
     def __post_init__(self, names: Mapping[str, str] | None) -> None:
@@ -210,9 +180,8 @@ class EvalSettings:
                 f"{self.name('scorer')} 'dapo' (for {', '.join(dapo)}) with {template}={self.prompt_template!r}: the "
                 "'dapo' scorer reads the 'Answer:' line that DAPO's template asks for, this prompt asks for the last "
                 "\\boxed{}, so every such answer scores wrong. Use 'dapo' for both, or another scorer.",
-                UserWarning,
-                stacklevel=4,
-            )
+                UserWarning, stacklevel=4,
+            )  # fmt: skip
 
 
 @dataclass
@@ -237,12 +206,11 @@ class ValidationSettings(EvalSettings):
     )
     dtype: str = field(default="auto", init=False, repr=False)
     device: str | None = field(default=None, init=False, repr=False)
-    every_steps: int = field(default=5, metadata=_help("Validate every this many optimizer steps (and at the end)."))
-    at_start: bool = field(
-        default=False,
-        metadata=_help("Also validate before the first step (verl's val_before_train; the BandPO authors' runs do)."),
+    every_steps: int = _setting(5, "Validate every this many optimizer steps (and at the end).")
+    at_start: bool = _setting(
+        False, "Also validate before the first step (verl's val_before_train; the BandPO authors' runs do)."
     )
-    at_end: bool = field(default=True, metadata=_help("Also validate at the last step."))
+    at_end: bool = _setting(True, "Also validate at the last step.")
 
     def _default_ks(self) -> list[int]:
         return [self.num_samples]
@@ -320,7 +288,7 @@ def recipe_fields() -> type:
         default = "num_samples" if f.name == "ks" else default
         unset = f"{'the val_preset value, else ' if f.name in PRESET_SETTINGS else ''}{default}"
         help_text = f"{f.metadata['help']} Not set: {unset}."
-        specs.append((recipe_field(f.name), hints[f.name] | None, field(default=None, metadata=_help(help_text))))
+        specs.append((recipe_field(f.name), hints[f.name] | None, _setting(None, help_text)))
     namespace = {"__module__": __name__, "validation_settings": _validation_settings}
     return dataclasses.make_dataclass("ValidationFields", specs, namespace=namespace)
 
@@ -341,7 +309,6 @@ def _validation_settings(self, prompt_template: str = "boxed") -> ValidationSett
         warnings.warn(
             f"{', '.join(unused)} set, but no benchmark to validate on (val_benchmarks, val_preset): they are "
             "ignored. Set val_benchmarks or val_preset to validate, or remove them.",
-            UserWarning,
-            stacklevel=3,
-        )
+            UserWarning, stacklevel=3,
+        )  # fmt: skip
     return settings

@@ -1,16 +1,10 @@
 r"""mean@n and two pass@k estimators from per-sample correctness, and the Markdown tables of results.
 
-* ``mean@n``: mean accuracy over all n samples of all problems (the papers' "Avg@32" / "mean@32"),
-* ``pass@k`` (`PASS_LABEL`): the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` averaged over problems (c = correct
-  samples of the problem; Chen et al., 2021, "Evaluating Large Language Models Trained on Code"): the probability
-  that k samples drawn WITHOUT replacement from the n hold a correct one. pass@1 equals mean@n, pass@n is the share
-  of problems solved at least once.
-* ``best@k`` (`BEST_LABEL`): verl's bootstrap "best@k/mean" (``verl.trainer.ppo.metric_utils``,
-  ``process_validation_metrics``): the expected best score of k samples drawn WITH replacement from the n. For 0/1
-  scores that is ``1 - (1 - c/n)^k`` (`best_at_k`); verl estimates it from 1,000 seeded resamples. It is lower than
-  pass@k for k > 1 (1 correct of 32: pass@32 = 1, best@32 = 0.638). The DGPO paper's Pass@32 is this one (its
-  reported values show it); the BandPO paper's pass@32 is inferred to be, from the authors' verl pipeline, which
-  logs no other. docs/evaluation.md compares the two.
+``mean@n`` is the mean accuracy over all samples; ``pass@k`` (`PASS_LABEL`) the unbiased estimator
+``1 - C(n-c, k) / C(n, k)`` (k samples drawn without replacement; Chen et al., 2021); ``best@k`` (`BEST_LABEL`)
+verl's bootstrap ``best@k/mean`` in closed form, ``1 - (1 - c/n)^k`` (k samples drawn with replacement). The DGPO
+paper's Pass@32 is best@k (its reported values show it); the BandPO paper's pass@32 is inferred to be, from the
+authors' verl pipeline, which logs no other. docs/evaluation.md compares the two.
 """
 
 from __future__ import annotations
@@ -20,18 +14,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.checks import Integer
-
-__all__ = [
-    "BEST_LABEL",
-    "PASS_LABEL",
-    "best_at_k",
-    "bootstrap_best_at_k",
-    "default_ks",
-    "mean_accuracy",
-    "pass_at_k",
-    "summarize_correctness",
-    "write_markdown",
-]
 
 #: How results label the two estimators.
 PASS_LABEL = "pass@k (unbiased)"
@@ -61,10 +43,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:  # every k-subset contains a correct sample
         return 1.0
     # C(n-c, k)/C(n, k) = prod_{j=0}^{k-1} (n-c-j)/(n-j) = prod_{i=n-c+1}^{n} (i-k)/i
-    failure = 1.0
-    for i in range(n - c + 1, n + 1):
-        failure *= 1.0 - k / i
-    return 1.0 - failure
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
 def best_at_k(n: int, c: int, k: int) -> float:
@@ -78,9 +57,8 @@ def best_at_k(n: int, c: int, k: int) -> float:
     _check_nck(n, c, k)
     if c in (0, n):
         return float(c == n)
-    return -math.expm1(
-        float(min(k, 2**1023)) * math.log1p(-c / n)
-    )  # k = 2**1023 already gives 1.0 unless c/n < 1e-306
+    # k = 2**1023 already gives 1.0 unless c/n < 1e-306
+    return -math.expm1(float(min(k, 2**1023)) * math.log1p(-c / n))
 
 
 def bootstrap_best_at_k(n: int, c: int, k: int, resamples: int = 1000, seed: int = 42) -> float:
@@ -91,8 +69,7 @@ def bootstrap_best_at_k(n: int, c: int, k: int, resamples: int = 1000, seed: int
     _check_nck(n, c, k)
     _POSITIVE(resamples, "resamples")
     rng = random.Random(seed)
-    hits = sum(any(rng.randrange(n) < c for _ in range(k)) for _ in range(resamples))
-    return hits / resamples
+    return sum(any(rng.randrange(n) < c for _ in range(k)) for _ in range(resamples)) / resamples
 
 
 def mean_accuracy(n: int, c: int) -> float:
@@ -104,10 +81,8 @@ def mean_accuracy(n: int, c: int) -> float:
 def default_ks(num_samples: int) -> tuple[int, ...]:
     """Powers of two up to `num_samples`, plus `num_samples` itself: 32 -> (1, 2, 4, 8, 16, 32)."""
     num_samples = _POSITIVE(num_samples, "num_samples")
-    ks = [1 << p for p in range(num_samples.bit_length()) if (1 << p) <= num_samples]
-    if ks[-1] != num_samples:
-        ks.append(num_samples)
-    return tuple(ks)
+    powers = tuple(1 << p for p in range(num_samples.bit_length()))  # 1, 2, 4, ... up to num_samples
+    return powers if powers[-1] == num_samples else (*powers, num_samples)
 
 
 def summarize_correctness(correct: Sequence[Sequence[bool]], ks: Sequence[int]) -> dict[str, Any]:
@@ -135,12 +110,9 @@ def summarize_correctness(correct: Sequence[Sequence[bool]], ks: Sequence[int]) 
     counts = [sum(bool(x) for x in samples) for samples in correct]
     summary: dict[str, Any] = {"problems": len(correct), "samples_per_problem": n}
     summary[f"mean@{n}"] = sum(mean_accuracy(n, c) for c in counts) / len(counts)
-    for k in ks:
-        summary[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in counts) / len(counts)
-    for k in ks:
-        summary[f"best@{k}"] = sum(best_at_k(n, c, k) for c in counts) / len(counts)
-    summary["correct_per_problem"] = counts
-    return summary
+    for name, estimator in (("pass", pass_at_k), ("best", best_at_k)):
+        summary |= {f"{name}@{k}": sum(estimator(n, c, k) for c in counts) / len(counts) for k in ks}
+    return summary | {"correct_per_problem": counts}
 
 
 def write_markdown(
@@ -152,10 +124,8 @@ def write_markdown(
         raise ValueError(f"estimator must be one of ['pass', 'best'], got {estimator!r}")
     mean_key = f"mean@{num_samples}"
     columns = [mean_key] + [f"{estimator}@{k}" for k in ks]
-    lines = [
-        "| Benchmark | Problems | " + " | ".join(columns) + " |",
-        "|---|---:|" + "---:|" * len(columns),
-    ]
+    header = "| Benchmark | Problems | " + " | ".join(columns) + " |"
+    lines = [header, "|---|---:|" + "---:|" * len(columns)]
     for name, metrics in results.items():
         cells = [f"{100 * metrics[c]:.1f}" for c in columns]
         lines.append(f"| {name} | {metrics['problems']} | " + " | ".join(cells) + " |")

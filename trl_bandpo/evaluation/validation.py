@@ -1,26 +1,11 @@
 r"""Validation during training: mean@k and pass@k of the current policy on held-out benchmarks every few steps.
 
-Both papers validate while training: the BandPO authors' verl runs (arXiv:2603.04918; ``trainer.test_freq=5``)
-sample 32 completions per AIME/AMC problem every 5 optimizer steps and log ``mean@32``; the DGPO paper
-(arXiv:2603.14389, §5.2) plots Avg@32 on AIME24/25 over training. `ValidationCallback` does the same in a TRL run:
-on ``on_step_end`` every `every_steps` optimizer steps (and, by default, at the last step) it samples with the
-current policy, scores the samples with a named scorer (`trl_bandpo.evaluation.scorers`) and logs
-``val/<benchmark>/mean@<n>``, ``val/<benchmark>/pass@<k>`` (unbiased) and ``val/<benchmark>/best@<k>`` (verl's
-bootstrap) through the trainer's logging, so they land in ``state.log_history`` and every ``report_to``
-integration.
-
-* **Sampling.** With vLLM (``use_vllm``) the trainer's engine is reused: in server mode the main process asks for
-  every problem; colocated, each tensor-parallel group samples its share (a group's ranks: same prompts, same
-  seed), a sleeping engine is woken up and put back to sleep (level 2) as TRL does. The current weights are pushed
-  first. Without vLLM: ``generate`` on the model, in eval mode, without gradients, its train mode restored.
-* **Several processes.** Each process samples and scores a shard of the problems (every process makes the same
-  number of ``generate`` calls, as ZeRO-3 and FSDP need); the per-problem correct counts are summed over the
-  processes before the metrics are computed, so every process logs the same values.
-* **Reproducibility.** Sampling is seeded from ``seed``, the step and the process, inside ``torch.random.fork_rng``:
-  the trainer's random number generators are left exactly as they were.
-
-The callback needs its trainer (its model, engine and logger): `ValidationCallback.attach` registers it. Its
-settings are a `trl_bandpo.evaluation.ValidationSettings`, which a recipe's ``val_*`` fields also build.
+`ValidationCallback` samples the current policy every `every_steps` optimizer steps (as the BandPO authors' verl
+runs do with ``trainer.test_freq``), scores the samples with a named scorer (`trl_bandpo.evaluation.scorers`) and
+logs ``val/<benchmark>/mean@<n>``, ``val/<benchmark>/pass@<k>`` and ``val/<benchmark>/best@<k>`` through the
+trainer's logging. It reuses the trainer's vLLM engine when it can (else ``generate``), shards the problems over the
+processes and sums their correct counts, and seeds its sampling inside ``torch.random.fork_rng`` (the trainer's
+random state is untouched). docs/evaluation.md ("Validation during training") describes it.
 """
 
 from __future__ import annotations
@@ -37,19 +22,13 @@ from .scorers import score, scorers_for
 from .settings import ValidationSettings
 from .summary import best_at_k, pass_at_k
 
-__all__ = ["ValidationCallback", "ValidationSettings"]
-
 
 def _vllm_engine(trainer) -> str | None:
     """The mode, "colocate" or "server", when the trainer's vLLM engine can be reused for validation, else None."""
     engine = getattr(trainer, "vllm_generation", None)
     if not getattr(trainer, "use_vllm", False) or engine is None:
         return None
-    if engine.mode == "server":
-        return "server"
-    if engine.mode == "colocate":
-        return "colocate"
-    return None
+    return engine.mode if engine.mode in ("server", "colocate") else None
 
 
 class ValidationCallback(TrainerCallback):
@@ -63,13 +42,9 @@ class ValidationCallback(TrainerCallback):
         trainer (`transformers.Trainer`, *optional*):
             Attach to this trainer at once (see `attach`).
         **kwargs:
-            `ValidationSettings` fields: ``every_steps=5``, ``num_samples=32``, ``scorer="math_verify"``,
-            ``max_new_tokens=4096``, ``temperature=1.0``, ``top_p=1.0``, ``top_k``, ``ks`` (default
-            ``[num_samples]``), ``prompt_template="boxed"``, ``max_problems``, ``backend="auto"`` ("auto": the
-            trainer's vLLM engine when it can be reused, see the module, else ``generate``; "vllm": an error when
-            the engine cannot be reused; "transformers"), ``batch_size=64``, ``seed=0`` (combined with the step and
-            the process), ``at_start=False`` (verl's ``val_before_train``), ``at_end=True``, ``timeout_s``.
-            Given with `settings`, they override it.
+            `ValidationSettings` fields (``every_steps=5``, ``num_samples=32``, ``scorer="math_verify"``, ...;
+            ``backend="auto"``: the trainer's vLLM engine when it can be reused, else ``generate``). Given with
+            `settings`, they override it.
 
     Every setting is checked (`ValidationSettings`) and the benchmarks are loaded when the callback is built: a bad
     value raises ValueError naming the setting as the settings name it (a recipe field for a recipe's), the value
@@ -95,8 +70,6 @@ class ValidationCallback(TrainerCallback):
         self.trainer, self.engine, self.last_step = None, None, None
         if trainer is not None:
             self.attach(trainer)
-
-    # -- wiring ----------------------------------------------------------------------------------------------------
 
     def attach(self, trainer) -> ValidationCallback:
         """Give the callback its trainer and register it there (``trainer.add_callback``) if it is not yet.
@@ -137,8 +110,6 @@ class ValidationCallback(TrainerCallback):
             self.validate()
             control.should_log = should_log
         return control
-
-    # -- validation ------------------------------------------------------------------------------------------------
 
     def validate(self) -> dict[str, float]:
         """Sample, score and log now; returns the logged metrics (the same on every process)."""

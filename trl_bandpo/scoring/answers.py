@@ -1,24 +1,10 @@
 r"""Final answers of math completions: extraction of the last ``\boxed{...}`` and cheap normalisation.
 
-Pure Python, linear time, no `math_verify`: what the rewards (`trl_bandpo.scoring.rewards`) and the dataset loaders
-(`trl_bandpo.data`) need before any symbolic comparison.
-
-* `completion_text` and `extract_boxed_answer` read the answer: the argument of the *last* ``\boxed{...}``
-  (or ``\fbox{...}``, or ``\boxed 42``) of a completion that is not itself inside a box; `unwrap_boxes` drops the
-  box commands left inside it (``\boxed{\boxed{2}+1}`` is the answer ``{2}+1``, i.e. 3, never 2).
-* `is_admissible` rejects answers not worth verifying: empty, longer than `MAX_ANSWER_CHARS`, or nested deeper
-  than `MAX_BRACE_DEPTH` braces.
-* `canonical_text` is a conservative LaTeX normal form (``$``, ``\dfrac``, ``\left``/``\right``, whitespace next to
-  operators and brackets, leading zeros and sign of integers): answers with equal normal forms are equal for
-  `math_verify` too, so they are accepted without any sympy work.
-* `plain_text` writes an answer in plain characters before `math_verify` reads it: Unicode compatibility forms
-  (NFKC: full-width ``１２``, no-break and thin spaces, math italic letters) except superscripts, subscripts, vulgar
-  fractions and Roman numerals, which NFKC would misread; vulgar fractions as ``\frac``; invisible characters
-  (zero-width spaces and joiners, BOM, soft hyphen, direction marks) dropped. `answer_form` also joins the digit
-  groups of a number written with spaces (``1 000``, ``1\,000``); `gold_forms` adds a gold without its final period.
-* `gold_alternatives` turns a ground truth (string, number, list of alternatives, worked solution) into strings
-  for every scorer; a ground-truth string longer than `MAX_GOLD_CHARS` is not read (no answer can match it).
-* `paired` gives the (completion, solution) pairs of a batch, checking that the two have the same length.
+Pure Python, linear time, no `math_verify`: what the rewards (`trl_bandpo.scoring.rewards`), the scorers and the
+dataset loaders (`trl_bandpo.data`) need before any symbolic comparison. `extract_boxed_answer` reads the answer,
+`is_admissible` rejects answers not worth verifying, `canonical_text` is the normal form of the pure-string check,
+`plain_text` / `answer_form` / `gold_forms` write answers in the spelling `math_verify` reads (docs/evaluation.md,
+"Other spellings of an answer"), and `gold_alternatives` turns a ground truth into strings.
 """
 
 from __future__ import annotations
@@ -31,26 +17,6 @@ import re
 import unicodedata
 from collections.abc import Sequence
 from typing import Any
-
-__all__ = [
-    "MAX_ANSWER_CHARS",
-    "MAX_BRACE_DEPTH",
-    "MAX_GOLD_CHARS",
-    "MAX_GOLD_DIGITS",
-    "answer_form",
-    "brace_depth",
-    "canonical_text",
-    "completion_text",
-    "contains_box",
-    "extract_boxed_answer",
-    "gold_alternatives",
-    "gold_forms",
-    "is_admissible",
-    "is_oversized_gold",
-    "paired",
-    "plain_text",
-    "unwrap_boxes",
-]
 
 MAX_ANSWER_CHARS = 1000  # longest boxed answer we try to verify (real answers are well under 300 characters)
 MAX_BRACE_DEPTH = 16  # deepest brace nesting we try to verify (\frac{\sqrt{..}}{..} is depth 2)
@@ -83,10 +49,8 @@ def completion_text(completion: Any) -> str:
 
 def _braced_argument(text: str, open_pos: int) -> str | None:
     """Content of the brace group opening at ``text[open_pos] == "{"``; None when it never closes."""
-    depth = 0
-    i = open_pos
-    n = len(text)
-    while i < n:
+    depth, i = 0, open_pos
+    while i < len(text):
         char = text[i]
         if char == "\\":  # an escaped character (\{, \}, \\) never opens or closes a group
             i += 2
@@ -117,9 +81,7 @@ def extract_boxed_answer(text: Any) -> str | None:
     """
     if not isinstance(text, str):
         return None
-    answer = None
-    pos = 0
-    n = len(text)
+    answer, pos, n = None, 0, len(text)
     while True:
         command = _BOX_COMMAND.search(text, pos)
         if command is None:
@@ -151,8 +113,7 @@ def unwrap_boxes(answer: str) -> str:
 
 def brace_depth(text: str) -> int:
     """Deepest nesting of unescaped braces in ``text``."""
-    depth = deepest = 0
-    i = 0
+    depth = deepest = i = 0
     while i < len(text):
         char = text[i]
         if char == "\\":
@@ -228,8 +189,7 @@ def canonical_text(answer: str) -> str:
 
 
 def _tokens(text: str) -> list[str]:
-    tokens: list[str] = []
-    pos = 0
+    tokens, pos = [], 0
     while pos < len(text):
         command = _TEXT_COMMAND.match(text, pos) if text[pos] == "\\" else None
         argument = _braced_argument(text, command.end()) if command else None
@@ -239,10 +199,8 @@ def _tokens(text: str) -> list[str]:
     return tokens
 
 
-# Invisible characters `plain_text` drops: soft hyphen, combining grapheme joiner, Arabic letter mark, Mongolian vowel
-# separator, zero-width space, non-joiner and joiner, direction marks and embeddings, word joiner, direction isolates
-# and the deprecated format characters, variation selectors, byte-order mark (zero-width no-break space), tag
-# characters. Not U+2061-U+2064 (function application, invisible times, separator and plus): each stands for an
+# Invisible characters `plain_text` drops (soft hyphen, zero-width spaces and joiners, direction marks, variation
+# selectors, byte-order mark, tag characters, ...). Not U+2061-U+2064 (invisible times, plus, ...): each stands for an
 # operator, and dropping it would join ``2\u20623`` (2 times 3) into ``23``.
 _INVISIBLE = re.compile(
     "[\u00ad\u034f\u061c\u180e\u200b-\u200f\u202a-\u202e\u2060\u2066-\u206f\ufe00-\ufe0f\ufeff"
@@ -278,26 +236,15 @@ def _vulgar_fraction(char: str) -> tuple[str, str] | None:
 def plain_text(text: str) -> str:
     r"""`text` in plain characters, as `math_verify` reads them; ASCII text is returned unchanged.
 
-    * Invisible characters are dropped (zero-width spaces and joiners, word joiner, byte-order mark, soft hyphen,
-      direction marks, variation selectors): ``1\u200b2`` (a zero-width space inside) is ``12``. The invisible
-      operators U+2061-U+2064 (invisible times, plus, separator, function application) are kept: dropping one
-      would change the value.
-    * Compatibility characters take their NFKC form: full-width ``１２`` is ``12``, a no-break or thin space is a
-      space, a math italic ``𝑥`` is ``x``. Not superscripts and subscripts (NFKC writes ``2³`` as ``23``), Roman
-      numerals (``Ⅻ`` as the letters ``XII``) or characters containing them (``㎡`` as ``m2``): they stay as written,
-      and `math_verify` does not read them.
-    * A vulgar fraction is written as ``\frac`` (``½`` -> ``\frac{1}{2}``, braced after ``^``, ``_`` or a command:
-      ``2^½`` -> ``2^{\frac{1}{2}}``); NFKC would write ``3½`` as ``31⁄2``, while ``3\frac{1}{2}`` is 7/2 for
-      `math_verify`. ``⅟`` and the fraction slash ``⁄`` stay as written.
-
-    Each rewrite gives the ASCII spelling of the same answer, so that its verdict is `math_verify`'s verdict on that
-    spelling (``tests/test_rewards_normal_form.py`` checks this).
+    Invisible characters are dropped (not the invisible operators U+2061-U+2064); compatibility characters take their
+    NFKC form (``１２`` -> ``12``), except those whose meaning NFKC changes (`_misread_by_nfkc`), which stay as
+    written; a vulgar fraction is a ``\frac`` (``½`` -> ``\frac{1}{2}``, braced after ``^``, ``_`` or a command).
+    Each rewrite gives the ASCII spelling of the same answer (``tests/test_rewards_normal_form.py`` checks this).
     """
     if text.isascii():
         return text
     text = _INVISIBLE.sub("", text)
-    pieces: list[str] = []
-    start = 0
+    pieces, start = [], 0
     for i, char in enumerate(text):
         if char.isascii() or not _misread_by_nfkc(char):
             continue

@@ -58,18 +58,6 @@ from typing import Any
 
 from .answers import MAX_GOLD_CHARS, completion_text, gold_alternatives, is_oversized_gold, paired
 
-__all__ = [
-    "ANSWER_PATTERN",
-    "MAX_GOLD_CHARS",
-    "REMOVED_EXPRESSIONS",
-    "SUBSTITUTIONS",
-    "WINDOW_CHARS",
-    "dapo_correct",
-    "extract_dapo_answer",
-    "normalize_final_answer",
-    "score_dapo_completions",
-]
-
 _LOGGER = logging.getLogger(__name__)
 
 WINDOW_CHARS = 300  # only the tail of a completion is read (``math_dapo``: the longest MATH-500 answer is 159 chars)
@@ -77,62 +65,20 @@ ANSWER_PATTERN = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 
 # (before, after) pairs, replaced in this order (the Minerva list, as in ``math_dapo``).
 SUBSTITUTIONS: tuple[tuple[str, str], ...] = (
-    ("an ", ""),
-    ("a ", ""),
-    (".$", "$"),
-    ("\\$", ""),
-    ("\\ ", ""),
-    (" ", ""),
-    ("mbox", "text"),
-    (",\\text{and}", ","),
-    ("\\text{and}", ","),
-    ("\\text{m}", "\\text{}"),
-)
+    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
+    (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
+)  # fmt: skip
 
 # Deleted wherever they occur, in this order (the Minerva list, as in ``math_dapo``).
 REMOVED_EXPRESSIONS: tuple[str, ...] = (
-    "square",
-    "ways",
-    "integers",
-    "dollars",
-    "mph",
-    "inches",
-    "hours",
-    "km",
-    "units",
-    "\\ldots",
-    "sue",
-    "points",
-    "feet",
-    "minutes",
-    "digits",
-    "cents",
-    "degrees",
-    "cm",
-    "gm",
-    "pounds",
-    "meters",
-    "meals",
-    "edges",
-    "students",
-    "childrentickets",
-    "multiples",
-    "\\text{s}",
-    "\\text{.}",
-    "\\text{\ns}",
-    "\\text{}^2",
-    "\\text{}^3",
-    "\\text{\n}",
-    "\\text{}",
-    "\\mathrm{th}",
-    "^\\circ",
-    "^{\\circ}",
-    "\\;",
-    ",\\!",
-    "{,}",
-    '"',
-    "\\dots",
-)
+    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue", "points",
+    "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals", "edges", "students",
+    "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3",
+    "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;", ",\\!", "{,}", '"', "\\dots",
+)  # fmt: skip
+
+# Both lists as one sequence of (old, new) string replacements, run in order.
+_REPLACEMENTS = (*SUBSTITUTIONS, *((expression, "") for expression in REMOVED_EXPRESSIONS))
 
 # (pattern, replacement) applied in order after the two lists, line by line (`.` never matches a newline, as in the
 # source, so none of them reaches across lines); `_rewrite_line` applies them in linear time.
@@ -177,18 +123,15 @@ def normalize_final_answer(answer: str) -> str:
 
     Linear time in the length of `answer`. Example: ``normalize_final_answer(r"x = \$1,000 dollars")`` is ``"1000"``.
     """
-    text = answer.split("=")[-1]
-    for before, after in SUBSTITUTIONS:
-        text = text.replace(before, after)
-    for expression in REMOVED_EXPRESSIONS:
-        text = text.replace(expression, "")
-    text = "\n".join(_rewrite_line(line) for line in text.split("\n"))
+    text = answer.rpartition("=")[2]  # what follows the last "=" (all of it without one)
+    for old, new in _REPLACEMENTS:
+        text = text.replace(old, new)
+    text = "\n".join(map(_rewrite_line, text.split("\n")))
     for pattern, replacement in _SHORTHANDS:
         text = pattern.sub(replacement, text)
     text = text.replace("$", "")
-    if text.replace(",", "").isdigit():
-        text = text.replace(",", "")
-    return text.strip()
+    digits = text.replace(",", "")  # thousands separators go only when nothing but digits is left
+    return (digits if digits.isdigit() else text).strip()
 
 
 def extract_dapo_answer(text: str) -> str | None:
@@ -230,9 +173,6 @@ def score_dapo_completions(completions: Sequence[Any], solutions: Sequence[Any])
     if oversized:
         _LOGGER.warning(
             "dapo reward: %d of %d rows have a gold answer longer than %d characters, which is not read (their "
-            "completions score wrong unless another alternative matches)",
-            oversized,
-            len(solutions),
-            MAX_GOLD_CHARS,
-        )
+            "completions score wrong unless another alternative matches)", oversized, len(solutions), MAX_GOLD_CHARS,
+        )  # fmt: skip
     return [dapo_correct(c, s) for c, s in pairs]

@@ -20,14 +20,11 @@ steps), applied to the answer and the gold. Some strings cannot be normalised (t
 
 **Equivalence** (`is_equivalent`): the two normal forms are equal strings.
 
-**Gold answers.** verl compares the gold as stored; given a number instead of a string (the authors' AMC file keeps
-math-ai/amc23's float answers, e.g. ``27.0``) its normalisation fails and it compares the answer string with the
-float, which is never equal. We do not reproduce that (it would score every AMC answer wrong): golds are text.
-`trl_bandpo.data` already writes integral floats of a dataset column as integers (``27.0`` -> ``"27"``); here a
-number is written the same way, and a gold *string* that is an integer-valued decimal (``"12.0"``, ``"-3.00"``, as a
-local JSON or CSV file may hold it) also accepts its integer form (``\boxed{12}``), besides the string as written.
-The answer is not rewritten: ``\boxed{12.0}`` against the gold ``12`` scores wrong, as in verl. A list of golds is a
-list of alternatives.
+**Gold answers** are text (docs/evaluation.md, "Float gold answers and math_reward": verl, given a float gold such as
+math-ai/amc23's ``27.0``, scores every answer wrong; we do not reproduce that). A number is written as
+`trl_bandpo.data` writes it (``27.0`` -> ``"27"``), and a gold *string* that is an integer-valued decimal (``"12.0"``,
+``"-3.00"``) also accepts its integer form (``\boxed{12}``). The answer is not rewritten: ``\boxed{12.0}`` against
+the gold ``12`` scores wrong, as in verl. A list of golds is a list of alternatives.
 """
 
 from __future__ import annotations
@@ -38,15 +35,6 @@ from typing import Any
 
 from .answers import completion_text, gold_alternatives, paired
 from .strict_grader.hendrycks import normalize as normalize_answer
-
-__all__ = [
-    "gold_strings",
-    "is_equivalent",
-    "last_boxed_answer",
-    "math_reward_correct",
-    "normalize_answer",
-    "score_math_reward_completions",
-]
 
 _BOX = "\\boxed"
 _SPACED_BOX = "\\boxed "
@@ -64,16 +52,15 @@ def last_boxed_answer(text: str) -> str | None:
         start = text.rfind("\\fbox")
         if start < 0:
             return None
-    depth, end = 0, None
-    for index in range(start, len(text)):
-        if text[index] == "{":
+    depth = 0
+    for end in range(start, len(text)):
+        if text[end] == "{":
             depth += 1
-        elif text[index] == "}":
+        elif text[end] == "}":
             depth -= 1
             if depth == 0:
-                end = index
                 break
-    if end is None:
+    else:  # no brace brings the count back to zero
         return None
     span = text[start : end + 1]
     if not span.startswith(_BOX + "{"):  # an \fbox, or \boxed not followed by its brace: verl rejects the span
@@ -108,9 +95,7 @@ def math_reward_correct(completion: Any, solution: Any) -> bool:
     `solution` under verl's ``math_reward`` rule (module docstring). Never raises on bad input."""
     try:
         answer = last_boxed_answer(completion_text(completion))
-        if answer is None:
-            return False
-        return any(is_equivalent(answer, gold) for gold in gold_strings(solution))
+        return answer is not None and any(is_equivalent(answer, gold) for gold in gold_strings(solution))
     except Exception:  # noqa: BLE001 - an unreadable completion or gold answer scores wrong
         return False
 

@@ -6,47 +6,17 @@ one: ``\boxed{\boxed{2}+1}`` answers ``{2}+1``, i.e. 3), compares it with the da
 1/0 for accuracy (`boxed_accuracy_reward`), or any pair from `MathVerifyReward`.
 
 `score_completions` settles what it can cheaply (`trl_bandpo.scoring.answers`) before anything reaches `math_verify`:
-
-* answers longer than `MAX_ANSWER_CHARS` or nested deeper than `MAX_BRACE_DEPTH` braces score wrong at once, and
-  so do answers to a ground-truth string longer than `MAX_GOLD_CHARS` (not read; a warning says how many rows),
-* answers and golds are written in plain characters first (`answer_form`, `gold_forms`; below), so that the
-  string check and `math_verify` both see the same spelling of one answer,
-* a pure-string check (after a conservative LaTeX normal form, `canonical_text`: ``$``, ``\dfrac``, ``\left``,
-  whitespace next to operators, leading zeros of integers) accepts identical answers without any sympy work; it
-  never accepts what `math_verify` would reject (a false positive teaches the policy to produce it),
-* the rest goes to `trl_bandpo.scoring.verifier`, which runs `math_verify` in worker processes with a wall-clock
-  bound per answer (from any thread, without signals) and caches verdicts per (gold, answer) pair.
+answers longer than `MAX_ANSWER_CHARS` or nested deeper than `MAX_BRACE_DEPTH` braces, and answers to a ground truth
+longer than `MAX_GOLD_CHARS`, score wrong at once; answers and golds are written in plain characters (`answer_form`,
+`gold_forms`: NFKC, vulgar fractions, digit groups, a gold's final period; docs/evaluation.md lists these rewrites
+and what stays refused); a pure-string check (`canonical_text`) accepts identical answers without sympy, never what
+`math_verify` would reject; the rest goes to `trl_bandpo.scoring.verifier` (worker processes, a wall-clock bound per
+answer, verdicts cached per (gold, answer) pair). An equation between two different numbers (``\boxed{2=3}``) is
+wrong whatever its right-hand side.
 
 Time is bounded per answer (``timeout_s``) and per call (``call_timeout_s``, default `default_call_timeout`,
-counted from the start of the call, reading the answers included): once a call's budget is spent, the answers not
-yet verified score wrong (a warning says how many), and an answer that timed out once is not verified again in that
-call against another gold.
-
-An equation is not the value of its right-hand side when its two sides are different numbers: ``\boxed{2=3}`` is
-wrong for the gold ``3`` (`math_verify` alone reads the right-hand side), while ``x = 3`` and ``1+2=3`` stay right.
-
-Other spellings of one answer. `math_verify` reads LaTeX (and a few symbols: ``π``, ``≤``, ``×``), and refused
-right answers spelled otherwise; these are rewritten, for the answer and the gold alike, each into the ASCII spelling
-of the same answer (so the verdict is `math_verify`'s on that spelling; only the last two rules touch ASCII text):
-
-* full-width and other compatibility characters take their NFKC form (``１２`` -> ``12``, a no-break or thin space
-  -> a space, math italic ``𝑥`` -> ``x``), and invisible characters are dropped (zero-width spaces and joiners,
-  byte-order mark, soft hyphen, direction marks);
-* a vulgar fraction is a ``\frac`` (``½`` -> ``\frac{1}{2}``; ``3½`` -> ``3\frac{1}{2}``, which is 7/2);
-* a whole answer that is a number in groups of three digits is joined (``1 000``, ``1\,000``, ``1~000`` ->
-  ``1000``; `math_verify` read ``1 000`` as 1*000 = 0, and ``12 345`` as 12 + 345);
-* a gold that ends with a period (``3.``) also accepts its form without it (``3``); ``3.`` stays right.
-
-Still refused, on purpose: ``1e3`` (`math_verify` reads it as 1*e*3 with Euler's number, which is right for the
-gold ``3e``: the two readings cannot be told apart), superscripts and subscripts (``2³``: NFKC would write ``23``),
-Roman numerals (``Ⅻ``: NFKC would write the letters ``XII``), the fraction slash (``3 1⁄2`` would read 3*1/2), the
-invisible operators U+2061-U+2064 (dropping invisible times would read ``2\u20623`` as 23), an answer's own final
-period (``7.``), a decimal comma (``1,5`` is the pair {1, 5}) and digit groups inside a longer answer
-(``x = 1 000``). `tests/test_rewards_normal_form.py` checks every rewrite against `math_verify`, and lists every
-verdict that changed over a corpus of 2,304 pairs. The other scorers (`strict`, `math_reward`, `dapo`) reproduce
-their checkers' rules and are not rewritten.
-
-Nothing here executes model output: answers are only handed to `math_verify.parse` with the LaTeX extractor.
+counted from the start of the call): once a call's budget is spent, the answers not yet verified score wrong (a
+warning says how many). Nothing here executes model output.
 
 `dapo_reward` (`DAPOReward`) is the other rule: the ``Answer: ...`` line compared as a normalised string, as verl's
 ``math_dapo`` reward that the BandPO authors trained with (`trl_bandpo.scoring.dapo`); pure Python, no boxes.
@@ -62,9 +32,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.checks import Integer, Number, is_number
+from .answers import MAX_ANSWER_CHARS as MAX_ANSWER_CHARS  # re-exported: part of this module's interface
+from .answers import MAX_BRACE_DEPTH as MAX_BRACE_DEPTH
 from .answers import (
-    MAX_ANSWER_CHARS,
-    MAX_BRACE_DEPTH,
     MAX_GOLD_CHARS,
     answer_form,
     canonical_text,
@@ -78,22 +48,6 @@ from .answers import (
 )
 from .dapo import score_dapo_completions
 from .verifier import DEFAULT_NUM_WORKERS, verify_pairs
-
-__all__ = [
-    "MAX_ANSWER_CHARS",
-    "MAX_BRACE_DEPTH",
-    "DAPOReward",
-    "MathVerifyReward",
-    "boxed_accuracy_reward",
-    "boxed_signed_reward",
-    "completion_text",
-    "dapo_reward",
-    "default_call_timeout",
-    "extract_boxed_answer",
-    "is_equivalent",
-    "score_completions",
-]
-
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -193,11 +147,8 @@ def score_completions(
     if oversized:
         _LOGGER.warning(
             "math_verify reward: %d of %d rows have a ground truth longer than %d characters, which is not read "
-            "(their answers score wrong unless another alternative matches)",
-            oversized,
-            len(flags),
-            MAX_GOLD_CHARS,
-        )
+            "(their answers score wrong unless another alternative matches)", oversized, len(flags), MAX_GOLD_CHARS,
+        )  # fmt: skip
     all_pairs = [pair for _, pairs in pending for pair in pairs]
     if call_timeout_s is None:
         call_timeout_s = default_call_timeout(timeout_s, num_workers, len(set(all_pairs)))
@@ -215,11 +166,8 @@ def score_completions(
     if cut_off:
         _LOGGER.warning(
             "math_verify reward: the call's budget of %.1f s ran out; %d of %d answers were not verified and score "
-            "wrong (raise call_timeout_s, or timeout_s, to verify them)",
-            call_timeout_s,
-            cut_off,
-            len(flags),
-        )
+            "wrong (raise call_timeout_s, or timeout_s, to verify them)", call_timeout_s, cut_off, len(flags),
+        )  # fmt: skip
     return flags
 
 

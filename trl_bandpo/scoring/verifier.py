@@ -3,18 +3,12 @@ r"""The `math_verify` comparison of two LaTeX answers, run in worker processes w
 `verify_pairs` returns a verdict for each ``(gold, answer)`` pair, cached per pair, each computed by `math_verify`
 within a per-answer time limit, and all of them within a per-call budget.
 
-Why worker processes: `math_verify`'s own timeouts use ``signal.alarm``; they work only in the main thread, take
-whole seconds, and cannot interrupt long computations done in C (``\boxed{9^{9^{9^{9}}}}`` makes sympy build an
-integer with hundreds of millions of digits inside one call that no signal can break into). So every comparison runs
-in a process of a `trl_bandpo.scoring.worker_pool.WorkerPool` (which kills a worker that misses its deadline, caps its
-memory, and ties its life to this process); an answer that times out scores wrong. Each distinct pair is verified once
-per call, and an answer that timed out is not tried again in that call. Once a call's budget (``call_timeout_s``) is
-spent, the pairs not yet verified stay unverified (None, not cached).
-
-A worker loads this file by path, without `trl_bandpo`: at import time it needs only the standard library and
-`worker_pool` (`math_verify` on first use). No model output is executed: answers go only to `math_verify.parse` with
-the LaTeX extractor (a grammar parser), never to ``eval``/``sympify``. Without POSIX pipes there are no workers, and
-`verify_pairs` raises RuntimeError (`WorkerPool.run`) rather than run `math_verify` without a wall-clock bound.
+Why worker processes: `math_verify`'s own timeouts use ``signal.alarm`` (main thread only, whole seconds) and cannot
+interrupt C code (``\boxed{9^{9^{9^{9}}}}`` makes sympy build an integer of hundreds of millions of digits), so every
+comparison runs in a `trl_bandpo.scoring.worker_pool.WorkerPool`, which kills a worker that misses its deadline; an
+answer that times out scores wrong (without POSIX pipes, `verify_pairs` raises RuntimeError rather than run unbounded).
+A worker loads this file by path, without `trl_bandpo` (`math_verify` on first use). No model output is executed:
+answers go only to `math_verify.parse` with the LaTeX extractor.
 """
 
 from __future__ import annotations
@@ -129,11 +123,8 @@ def verify_pairs(
         (not cached: a later call verifies it; neither is a False for an answer that timed out with another gold).
         Never raises on bad answers: malformed or too slow answers are False.
     """
-    verdicts: dict[tuple[str, str], bool | None] = {}
     with _VERDICTS_LOCK:
-        for pair in pairs:
-            if pair in _VERDICTS:
-                verdicts[pair] = _VERDICTS[pair]
+        verdicts: dict[tuple[str, str], bool | None] = {pair: _VERDICTS[pair] for pair in pairs if pair in _VERDICTS}
     todo = list(dict.fromkeys(pair for pair in pairs if pair not in verdicts))
     if todo:  # a timed-out answer is wrong with every gold (SKIPPED: not tried, not cached)
         fresh = _POOL.run(todo, timeout_s, num_workers, call_timeout_s, groups=[answer for _, answer in todo])

@@ -1,17 +1,15 @@
 r"""Worker processes with wall-clock deadlines, for computations that may never end: the `math_verify` comparison
 (`trl_bandpo.scoring.verifier`) and the strict grader's sympy stages (`trl_bandpo.scoring.strict_grader`).
 
-A `WorkerPool` runs tasks (lists of JSON arguments) in worker processes that each serve one entry point: a function,
-named with its file, that is called once to warm up (imports) and returns the task handler. The caller waits with
-wall-clock deadlines (``selectors``, no signals: any thread): a worker that misses a task's deadline is killed
-(SIGKILL, which also stops one busy inside C code, e.g. sympy building an integer with hundreds of millions of digits)
-and replaced, and the task fails; once a call's budget is spent, busy workers are killed and the remaining tasks stay
-undone. Workers start lazily and stay idle between calls (a start costs about a second). Each runs ``python -c``
-(no re-import of the caller's ``__main__``), loads this file and its entry's file by path (sibling modules import
-each other; no ``__init__.py`` runs, so not `trl_bandpo`), caps its address space (`WORKER_MEMORY_BYTES`) and each
-task's CPU time, exits when its input pipe closes, and dies with the process that started it, even when that one is
-SIGKILLed (Linux's ``PR_SET_PDEATHSIG``; elsewhere a watchdog thread and the CPU cap). The deadlines need POSIX
-pipes (``selectors`` on them): elsewhere `WorkerPool.run` raises RuntimeError rather than run unbounded.
+A `WorkerPool` runs tasks (lists of JSON arguments) in worker processes that each serve one entry point (a function,
+named with its file, called once to warm up, that returns the task handler). The caller waits with wall-clock
+deadlines (``selectors``, no signals: any thread): a worker that misses a task's deadline is SIGKILLed (which also
+stops one busy inside C code) and replaced, and the task fails; once a call's budget is spent, busy workers are
+killed and the remaining tasks stay undone. Workers start lazily and stay idle between calls. Each runs ``python -c``
+(no re-import of the caller's ``__main__``), loads this file and its entry's file by path (not `trl_bandpo`), caps
+its address space (`WORKER_MEMORY_BYTES`) and each task's CPU time, exits when its input pipe closes, and dies with
+the process that started it, even a SIGKILLed one (Linux's ``PR_SET_PDEATHSIG``; elsewhere a watchdog thread and
+the CPU cap). Without POSIX pipes `WorkerPool.run` raises RuntimeError rather than run unbounded.
 
 Why no library: ``pebble`` starts its workers through ``multiprocessing`` (``spawn`` and ``forkserver`` re-import the
 caller's ``__main__``; ``fork`` is unsafe in a threaded trainer); ``loky`` does not re-import ``__main__`` but has no
@@ -39,8 +37,6 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
-
-__all__ = ["WORKER_MEMORY_BYTES", "WORKER_START_TIMEOUT_S", "Failure", "WorkerPool"]
 
 WORKER_MEMORY_BYTES = 4 * 1024**3  # address-space cap of each worker process (RLIMIT_AS)
 WORKER_START_TIMEOUT_S = 120.0  # a worker that is not ready after this long is an environment problem

@@ -54,12 +54,10 @@ BandPO authors' environment pins 4.9.3.) A Python list against a ``pmatrix``, wh
 ``eval``, is evaluated here only when it is plain arithmetic; anything else is wrong, as when ``eval`` fails.
 
 **Safety and time.** Model output is never executed: where ``prime_math`` calls sympy's ``parse_expr`` or Python's
-``eval``, we parse with Python's `ast` and build the value from a whitelist (numbers, ``pi``, ``oo``, ``E``,
-``I``, ``sqrt``, ``log``/``ln``, ``exp``, ``re``, ``im``, ``sin``, ``cos``, ``tan``, ``Abs``, factorials, symbols,
-arithmetic). The string stages run in the calling process; the rest runs in a worker process
-(`trl_bandpo.scoring.worker_pool`, one pair per call) that is killed when the answer takes longer than ``timeout_s``
-(wall clock, from any thread), and the answer is then wrong. Systems without POSIX pipes cannot run these workers:
-there `grade_answer` raises RuntimeError for an answer that the string stages do not settle.
+``eval``, we parse with Python's `ast` and build the value from a whitelist (`_expressions`). The string stages run
+in the calling process; the rest runs in a worker process (`trl_bandpo.scoring.worker_pool`) that is killed when the
+answer takes longer than ``timeout_s``, and the answer is then wrong. Without POSIX pipes there are no workers:
+`grade_answer` then raises RuntimeError for an answer that the string stages do not settle.
 
 **Where we may differ from ``prime_math``:**
 
@@ -96,14 +94,13 @@ from typing import Any
 
 from ...core.checks import Number
 from ..answers import completion_text, contains_box, extract_boxed_answer, gold_alternatives, paired, unwrap_boxes
-from ..worker_pool import WORKER_START_TIMEOUT_S, WorkerPool
+from ..worker_pool import WorkerPool
 from . import _grade
 from ._grade import quick_match
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "MAX_CHARS",
-    "WORKER_START_TIMEOUT_S",
     "extract_answer",
     "grade_answer",
     "strict_score",

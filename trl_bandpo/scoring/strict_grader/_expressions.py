@@ -17,8 +17,6 @@ import re
 import unicodedata
 import warnings
 
-__all__ = ["python_value", "read_expression"]
-
 _NUMBER = r"(?P<num>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"
 _TOKEN = re.compile(rf"\s*(?:{_NUMBER}|(?P<name>[^\W\d]\w*)|(?P<op>\*\*|//|[-+*/%^()!,\[\]]))")
 _FUNCTIONS = ("sqrt", "ln", "log", "exp", "re", "im", "sin", "cos", "tan", "Abs", "factorial")
@@ -60,10 +58,7 @@ def read_expression(text: str, implicit: bool) -> object:
             tokens.append(("op", match["op"]))
         else:
             tokens.extend(_name_tokens(match["name"], implicit, namespace))
-    values: dict[str, object] = {}
-    source: list[str] = []
-    kinds: list[str] = []
-    pending_close = False
+    values, source, kinds, pending_close = {}, [], [], False  # placeholder -> value; the Python source; token kinds
     for kind, token in tokens:
         if kind == "op" and token == "!":
             _wrap_factorial(source, kinds)

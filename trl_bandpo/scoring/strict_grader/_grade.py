@@ -66,8 +66,6 @@ def split_tuple(expr: str) -> list[str]:
 def same_matrix_brackets(answer: str) -> str:
     r"""``\begin{bmatrix}..\end{bmatrix}`` written as ``\begin{pmatrix}..\end{pmatrix}``: the same matrix in other
     brackets, compared as one (``prime_math`` compares their text, and its matrix rules know only ``pmatrix``)."""
-    if "bmatrix" not in answer:
-        return answer
     return answer.replace("\\begin{bmatrix}", "\\begin{pmatrix}").replace("\\end{bmatrix}", "\\end{pmatrix}")
 
 
@@ -107,13 +105,30 @@ def prm_grade(given: str, gold: str) -> bool:
 # --- ToRA's math_equal (prime_math.grader), as it runs in verl ---
 
 
+_TORA_MAX_CHARS = 1000  # ToRA reads no more of a string prediction
+_CLOSER = {"(": ")", "[": "]"}
+_OTHER_OPENER = {"(": "[", "[": "("}
+
+
+def _same_text(prediction: str, reference: str) -> bool:
+    """ToRA's string tests: equal up to case and surrounding whitespace, or equal once all spaces are removed."""
+    if prediction.strip().lower() == reference.strip().lower():
+        return True
+    return "".join(prediction.split(" ")) == "".join(reference.split(" "))
+
+
+def _same_parts(pred_parts: list, ref_parts: list) -> bool:
+    """As many parts on both sides, equal in pairs (`_all_equal`, not evaluated for different lengths)."""
+    return len(pred_parts) == len(ref_parts) and _all_equal(pred_parts, ref_parts)
+
+
 def _tora_normalize(answer: object, pi: float) -> object:
     if not isinstance(answer, str):
         return answer
     if re.match(r"\$\d+(\.\d+)?", answer):
         return answer[1:]
-    if re.match(r"^\d+(\.\d+)?%$", answer) or re.match(r"^\d+(\.\d+)?\\%$", answer):
-        return answer.replace("\\%", "").replace("%", "")
+    if re.match(r"\d+(\.\d+)?\\?%$", answer):  # a percentage ("%" or "\%"): the number alone
+        return re.sub(r"\\?%", "", answer)
     if "_" in answer:  # a base subscript: "1010_2" -> 1010 (ValueError when the part before "_" is no number)
         digits = answer.split("_")[0]
         number = exact_number(digits)  # int(float(..)) would give long numbers a neighbour's digits
@@ -167,13 +182,11 @@ def _numbers_match(predicted: Decimal, reference: Decimal, tolerance: float) -> 
 
 def tora_equal(prediction: object, reference: object, pi: float = math.pi, tolerance: float = 1e-4) -> bool:
     """ToRA's ``math_equal`` as verl runs it; raises where it raises (the caller then scores the answer wrong)."""
-    prediction, reference = _tora_normalize(prediction, pi), _tora_normalize(reference, pi)
-    if isinstance(prediction, str) and len(prediction) > 1000:
-        prediction = prediction[:1000]
-    if isinstance(prediction, str) and isinstance(reference, str):
-        if prediction.strip().lower() == reference.strip().lower():
-            return True
-        if prediction.replace(" ", "") == reference.replace(" ", ""):
+    prediction = _tora_normalize(prediction, pi)
+    reference = _tora_normalize(reference, pi)
+    if isinstance(prediction, str):
+        prediction = prediction[:_TORA_MAX_CHARS]
+        if isinstance(reference, str) and _same_text(prediction, reference):
             return True
     predicted_number, reference_number = _as_number(prediction), _as_number(reference)
     if predicted_number is not None and reference_number is not None:  # percentages: x, x/100 and 100x all match
@@ -185,33 +198,29 @@ def tora_equal(prediction: object, reference: object, pi: float = math.pi, toler
             return _is_infinity(prediction) and _is_infinity(reference) and predicted_number == reference_number
         candidates = (reference_number / 100, reference_number, reference_number * 100)
         return any(math.isclose(c, predicted_number, rel_tol=tolerance) for c in candidates)
-    if not prediction and prediction not in [0, False]:
+    if not prediction and prediction != 0:  # nothing to compare (None, "", []), unless it is the number 0
         return False
-    reference, prediction = str(reference).strip(), str(prediction).strip()
-    prediction = _format_interval(prediction)
+    reference = str(reference).strip()
+    prediction = _format_interval(str(prediction).strip())
     pred_text, ref_text = prediction, reference
-    if (prediction.startswith("[") and prediction.endswith("]") and not reference.startswith("(")) or (
-        prediction.startswith("(") and prediction.endswith(")") and not reference.startswith("[")
-    ):
-        pred_text, ref_text = pred_text.strip("[]()"), ref_text.strip("[]()")
+    head = prediction[:1]
+    if head in _CLOSER and prediction.endswith(_CLOSER[head]) and not reference.startswith(_OTHER_OPENER[head]):
+        pred_text, ref_text = pred_text.strip("[]()"), ref_text.strip("[]()")  # one bracketed side: brackets dropped
     if not _different_intervals(prediction, reference) and re.sub(r"[{}()]", "", pred_text) == re.sub(
         r"[{}()]", "", ref_text
     ):
         return True
-    if (prediction and reference and prediction[0] in "([" and prediction[-1] in ")]"
-            and prediction[0] == reference[0] and prediction[-1] == reference[-1]):  # fmt: skip
-        pred_parts, ref_parts = prediction[1:-1].split(","), reference[1:-1].split(",")
-        if len(pred_parts) == len(ref_parts) and _all_equal(pred_parts, ref_parts):
+    ends = prediction[:1] + prediction[-1:]
+    if len(ends) == 2 and ends[0] in _CLOSER and ends[1] in ")]" and ends == reference[:1] + reference[-1:]:
+        if _same_parts(prediction[1:-1].split(","), reference[1:-1].split(",")):  # a tuple or interval
             return True
-    if "," in prediction and "," in reference:
-        pred_parts = [part.strip() for part in prediction.split(",")]
-        ref_parts = [part.strip() for part in reference.split(",")]
+    if "," in prediction and "," in reference:  # comma-separated lists, in order
+        pred_parts, ref_parts = (list(map(str.strip, text.split(","))) for text in (prediction, reference))
         if len(pred_parts) == len(ref_parts):
             return _all_equal(pred_parts, ref_parts)
-    if prediction.startswith("Point") and reference[0] == "(" and reference[-1] == ")":
-        pred_parts = prediction[prediction.find("(") + 1 : -1].split(",")
-        ref_parts = reference[1:-1].split(",")
-        if len(pred_parts) == len(ref_parts) and _all_equal(pred_parts, ref_parts):
+    if prediction.startswith("Point") and reference[0] + reference[-1] == "()":  # sympy's printed Point(x, y)
+        inside = prediction[:-1][prediction.find("(") + 1 :]
+        if _same_parts(inside.split(","), reference[1:-1].split(",")):
             return True
     if r"\begin{pmatrix}" in reference:
         return _matrix_equal(prediction, reference)

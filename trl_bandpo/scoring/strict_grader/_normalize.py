@@ -2,16 +2,12 @@ r"""String normalisations of verl's ``prime_math`` grader (pure Python, no sympy
 `trl_bandpo.scoring.strict_grader`.
 
 * `mathd_normalize`: the Hendrycks MATH normalisation (``prime_math.math_normalize``, `hendrycks.normalize`).
-* `prm_normalize`: the PRM800K normalisation (``prime_math._normalize``): ``\text{..}``, ``$``, ``%``, ``or``/``and``,
-  ``million``..., unit words, degrees, one pair of outer braces, ``,\!``, integer-valued floats (written out
-  exactly, `integer_text`), LaTeX to plain text (`latex_to_text`), ``- `` and mixed numbers, lower case, thousands
-  separators of integers.
+* `prm_normalize`: the PRM800K normalisation (``prime_math._normalize``), integer-valued numbers written out exactly
+  (`integer_text`).
 * `latex_to_text`: our stand-in for ``pylatexenc``'s ``LatexNodes2Text`` (version 2.10), which ``prime_math`` uses
-  and this package does not depend on. It reproduces pylatexenc's output for what answers contain: ``\frac``
-  (``a/b``, no parentheses), ``\sqrt`` (``√(x)``, the degree dropped), Greek letters, ``\infty``, ``\cup``,
-  ``\cdot``, ``\times``, relations and arrows (as Unicode symbols), ``\text``-like and font macros (their
-  argument), accents (a combining mark), spacing macros, ``\{``/``\}``/``\%``/``\$``, ``\\``, and the rule that an
-  unknown macro vanishes (its braced argument stays, as a group) and takes the spaces after it.
+  and this package does not depend on. It reproduces pylatexenc's output for what answers contain (``\frac`` as
+  ``a/b``, ``\sqrt`` as ``√(x)``, symbols as Unicode, font macros as their argument, accents as a combining mark),
+  and its rule that an unknown macro vanishes (its braced argument stays, as a group) and takes the spaces after it.
 """
 
 from __future__ import annotations
@@ -128,12 +124,10 @@ def prm_normalize(expr: str | None) -> str | None:
     for pattern in _UNIT_PATTERNS:
         expr = pattern.sub("", expr)
     expr = re.sub(r"\^ *\\circ", "", expr)
-    if expr and expr[0] == "{" and expr[-1] == "}":
+    if expr[:1] + expr[-1:] == "{}":  # one pair of outer braces
         expr = expr[1:-1]
     expr = re.sub(r",\\! *", "", expr)
-    integer = integer_text(expr)  # an integer-valued number written as an integer, exactly
-    if integer is not None:
-        expr = integer
+    expr = integer_text(expr) or expr  # an integer-valued number written as an integer, exactly
     if "\\" in expr:
         try:
             expr = _latex_answer_to_text(expr)
@@ -142,10 +136,8 @@ def prm_normalize(expr: str | None) -> str | None:
     expr = re.sub(r"- *", "-", expr)
     expr = re.sub(r"([0-9]) +([0-9])", r"\1+\2", expr)  # a mixed number: "7 3/4" -> "7+3/4"
     expr = expr.lower()
-    integer = integer_text(strip_formatted_commas(expr), truncate=True)  # only formatted commas remain then
-    if integer is not None:
-        expr = integer
-    return expr
+    # only formatted commas remain then
+    return integer_text(strip_formatted_commas(expr), truncate=True) or expr
 
 
 def _latex_answer_to_text(expr: str) -> str:
@@ -192,19 +184,9 @@ _LETTERLIKE = {
 }
 _SWALLOWED = ("mbox", "texttt", "hspace", "vspace")  # their argument is dropped too
 _GREEK_VARIANTS = {
-    "epsilon": "ϵ",
-    "varepsilon": "ε",
-    "phi": "ϕ",
-    "varphi": "φ",
-    "vartheta": "ϑ",
-    "varpi": "ϖ",
-    "varrho": "ϱ",
-    "varsigma": "ς",
-    "varkappa": "ϰ",
-    "digamma": "ϝ",
-    "lambda": "λ",
-    "Lambda": "Λ",
-}
+    "epsilon": "ϵ", "varepsilon": "ε", "phi": "ϕ", "varphi": "φ", "vartheta": "ϑ", "varpi": "ϖ", "varrho": "ϱ",
+    "varsigma": "ς", "varkappa": "ϰ", "digamma": "ϝ", "lambda": "λ", "Lambda": "Λ",
+}  # fmt: skip
 _CONTROL_WORD = re.compile(r"\\([A-Za-z]+)\s*")  # a macro name takes the spaces after it
 
 
@@ -222,14 +204,12 @@ def latex_to_text(latex: str) -> str:
 
     Raises ValueError where pylatexenc fails (a ``\frac``/``\sqrt``/accent missing its argument).
     """
-    text, _ = _render(latex, 0, closing=False)
-    return text
+    return _render(latex, 0, closing=False)[0]
 
 
 def _render(src: str, pos: int, closing: bool) -> tuple[str, int]:
     """Text of `src` from `pos` up to the matching ``}`` (when `closing`) or the end; and the position after it."""
-    out: list[str] = []
-    n = len(src)
+    out, n = [], len(src)
     while pos < n:
         char = src[pos]
         if char == "}":

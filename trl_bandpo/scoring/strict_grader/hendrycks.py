@@ -13,8 +13,6 @@ Standard library only: worker processes load this folder by path (`trl_bandpo.sc
 
 from __future__ import annotations
 
-__all__ = ["normalize"]
-
 _DROPPED = (("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"), ("\\left", ""),
             ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", ""))  # fmt: skip
 _UNIT = "\\text{ "
