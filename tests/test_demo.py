@@ -4,6 +4,7 @@ import json
 import math
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -41,7 +42,7 @@ def small_run(tmp_path_factory):
     from trl_bandpo.demo import cli
 
     def recording_bar(**kwargs):  # a disabled (--quiet) tqdm counts nothing: count the updates here
-        bar = progress_bar(**kwargs)
+        bar = tqdm(**kwargs)
         close, update, counted, closed = bar.close, bar.update, [0], []
 
         def count_and_update(n=1):
@@ -57,10 +58,10 @@ def small_run(tmp_path_factory):
         bar.update, bar.close = count_and_update, record_and_close
         return bar
 
-    progress_bar = cli.progress_bar
+    tqdm = cli.tqdm
     buffer = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, redirect_stdout(buffer):
-        patch.setattr(cli, "progress_bar", recording_bar)
+        patch.setattr(cli, "tqdm", recording_bar)
         assert demo.main([*SMALL, "--output-dir", str(out)]) == 0
     return out, buffer.getvalue()
 
@@ -233,3 +234,94 @@ def test_clip_rate_panel_groups_off_policy_updates_by_generation_batch():
     assert xs == [4, 8]
     assert ys == pytest.approx(per_batch)  # the on-policy zeros are left out, the rest averaged
     assert clip_rate_per_generation_batch(history, 1) == ([], [])
+
+
+def test_the_printed_figure_and_metrics_paths_open_as_printed(small_run):
+    """The summary names the figure and the metrics with their folder: the paths it prints are files."""
+    out, printed = small_run
+    figure = re.search(r"Figure: (\S+)\. Per-step metrics: (\S+)\. ", printed)
+    assert figure, printed[-500:]
+    assert figure.group(1) == str(out / "figure.png") and figure.group(2) == str(out / "metrics.csv")
+    assert all(Path(path).is_file() for path in figure.groups())
+
+
+def test_help_lists_every_method_the_demo_runs(capsys):
+    """Every named method and every built-in policy loss (the registry, not a list in the demo) is in ``--help``,
+    and each one passes the argument checks."""
+    from trl_bandpo import POLICY_LOSSES
+    from trl_bandpo.demo.cli import _check_args
+
+    with pytest.raises(SystemExit):
+        demo.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    listed = text[text.index("--methods METHOD") :]
+    names = [*demo.METHOD_PRESETS, *POLICY_LOSSES]
+    assert {"adaptive_band", "band_dgpo", "dppo", "dppo_tv", "dppo_kl", "cispo"} <= set(names)
+    for name in names:
+        assert re.search(rf"[\s:]{name}[,( ]", listed), name
+        settings, _, _ = _check_args(demo.build_parser().parse_args(["--methods", name]))
+        assert list(settings) == [name]
+
+
+BAD_VALUES = [
+    ("--seed", "-1", "an integer in [0, 4294967295]"),
+    ("--seed", "4294967296", "an integer in [0, 4294967295]"),
+    ("--steps", "0", "an integer >= 1"),
+    ("--steps", "-5", "an integer >= 1"),
+    ("--lr", "nan", "a finite number > 0"),
+    ("--lr", "0", "a finite number > 0"),
+    ("--lr", "inf", "a finite number > 0"),
+    ("--warmup-lr", "-0.001", "a finite number > 0"),
+    ("--band-radius", "inf", "a finite number > 0"),
+    ("--band-radius", "nan", "a finite number > 0"),
+    ("--band-radius", "0", "a finite number > 0"),
+    ("--warmup-target", "1.5", "a number in [0, 1]"),
+    ("--warmup-target", "nan", "a number in [0, 1]"),
+    ("--num-generations", "1", "an integer >= 2"),
+    ("--num-iterations", "0", "an integer >= 1"),
+    ("--steps-per-generation", "0", "an integer >= 1"),
+    ("--steps-per-generation", "3", "a divisor of"),
+    ("--prompts-per-generation", "0", "an integer >= 1"),
+    ("--prompts-per-generation", "81", "at most the 80 training prompts"),
+    ("--eval-samples", "-1", "an integer >= 0"),
+    ("--num-eval", "0", "an integer >= 1"),
+    ("--num-eval", "100", "below the 100 problems"),
+    ("--num-prompts", "-3", "an integer >= 0"),
+    ("--num-prompts", "81", "at most the 80 problems left"),
+    ("--max-operand", "1", "an integer in [2, 1000]"),
+    ("--max-operand", "1001", "an integer in [2, 1000]"),
+    ("--hidden-size", "12", "a multiple of 8"),
+    ("--hidden-size", "0", "an integer >= 8"),
+    ("--num-layers", "0", "an integer in [1, 64]"),
+    ("--warmup-steps", "-1", "an integer >= 0"),
+    ("--warmup-batch-size", "0", "an integer >= 1"),
+    ("--threads", "-2", "an integer >= 0"),
+    ("--methods", "ppo2", "one of ['grpo', 'clip_higher'"),
+]
+
+
+@pytest.mark.parametrize("flag,value,allowed", BAD_VALUES, ids=[f"{f}={v}" for f, v, _ in BAD_VALUES])
+def test_a_bad_value_is_refused_when_the_arguments_are_parsed(flag, value, allowed, tmp_path, capsys):
+    """Exit status 2 at once, naming the flag, the value and what is allowed, with nothing written (the warm start
+    writes the output folder first)."""
+    arguments = [*SMALL, "--output-dir", str(tmp_path / "out"), flag, value]
+    with pytest.raises(SystemExit) as exc:
+        demo.main(arguments)
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 2
+    assert f"{flag} must be " in message and allowed in message and value in message, message
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unwritable_output_folder_is_one_line_and_exit_2(tmp_path, capsys):
+    """A folder that cannot be created (its parent is a file), or a file given as the folder: one line naming
+    --output-dir and the path, exit status 2, before any work."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for output_dir in (blocker / "out", blocker):
+        with pytest.raises(SystemExit) as exc:
+            demo.main([*SMALL, "--output-dir", str(output_dir)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert "--output-dir" in err and str(output_dir) in err and "Traceback" not in err
+    assert blocker.read_text() == "x"

@@ -6,30 +6,24 @@ once): the Band operator and the policy losses (`band_bounds`, `policy_loss`, ..
 each, are described in docs/architecture.md.
 """
 
+import importlib
 from typing import TYPE_CHECKING
 
 from . import kernels  # noqa: F401  (registers the Triton KL solver with band_bounds; imports no torch)
 from .version import __version__  # noqa: F401
 
 _LAZY = {
-    "DIVERGENCES": "core.band",
-    "band_bounds": "core.band",
-    "POLICY_LOSSES": "core.losses",
-    "policy_bounds": "core.losses",
-    "policy_loss": "core.losses",
-    "PolicyLossConfig": "training.configs",
-    "BandPOConfig": "training.configs",
-    "DGPOConfig": "training.configs",
-    "PolicyLossTrainer": "training.trainer",
-    "BandPOTrainer": "training.trainer",
-    "DGPOTrainer": "training.trainer",
-    "AsyncPolicyLossConfig": "training.async_trainer",
-    "AsyncBandPOConfig": "training.async_trainer",
-    "AsyncDGPOConfig": "training.async_trainer",
-    "AsyncPolicyLossTrainer": "training.async_trainer",
-    "AsyncBandPOTrainer": "training.async_trainer",
-    "AsyncDGPOTrainer": "training.async_trainer",
-}
+    name: module
+    for module, names in {
+        "core.band": ("DIVERGENCES", "band_bounds"),
+        "core.losses": ("POLICY_LOSSES", "policy_bounds", "policy_loss"),
+        "training.configs": ("PolicyLossConfig", "BandPOConfig", "DGPOConfig"),
+        "training.trainer": ("PolicyLossTrainer", "BandPOTrainer", "DGPOTrainer"),
+        "training.async_trainer": ("AsyncPolicyLossConfig", "AsyncBandPOConfig", "AsyncDGPOConfig",
+                                   "AsyncPolicyLossTrainer", "AsyncBandPOTrainer", "AsyncDGPOTrainer"),
+    }.items()
+    for name in names
+}  # fmt: skip
 
 # The async classes stay out of `import *`: they import TRL's experimental API (which warns on import).
 __all__ = [name for name in _LAZY if not name.startswith("Async")]
@@ -51,7 +45,5 @@ if TYPE_CHECKING:
 
 def __getattr__(name):
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

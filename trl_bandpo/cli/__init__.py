@@ -1,12 +1,9 @@
-"""The `trl-bandpo` command: `demo` (the offline CPU demo), `bounds` (a Band bounds table), `train`, `eval`,
-`tiny-model` (a tiny local model for CPU runs of any recipe).
-
-Each subcommand lives in its own module (`bounds`, `train`, `eval`, `tiny_model`; the demo is
-`trl_bandpo.demo.main`) and is imported only when it runs.
-"""
+"""The `trl-bandpo` command. Each subcommand lives in its own module (the demo in `trl_bandpo.demo`), imported only
+when it runs."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -23,15 +20,23 @@ commands:
   train    train from a YAML recipe (TRL's TrlParser; see recipes/)
   eval     mean@k and pass@k on math benchmarks
   tiny-model PATH
-           save a tiny local model and problems, and print the command that runs any recipe on CPU with them
+           save a tiny local model and problems, and print the command that runs a synchronous recipe on CPU
   patched-source
            print TRL's loss methods as trl-bandpo patches them (docs/upgrading-trl.md)
 """
 
+#: command -> (module, its entry point taking the remaining arguments)
+_COMMANDS = {
+    "bounds": (".bounds", "bounds_main"),
+    "demo": ("..demo", "main"),
+    "train": (".train", "main"),
+    "eval": (".eval", "eval_main"),
+    "tiny-model": (".tiny_model", "tiny_model_main"),
+}
+
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Dispatch ``trl-bandpo <command> [options]`` (default `sys.argv[1:]`); an unknown command exits with status 2.
-    ``--version`` / ``-V`` prints the package version."""
+    """Dispatch ``trl-bandpo <command> [options]`` (default `sys.argv[1:]`); an unknown command exits with 2."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -40,28 +45,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"trl-bandpo {__version__}")
         return
     command, rest = argv[0], argv[1:]
-    if command == "bounds":
-        from .bounds import bounds_main
-
-        bounds_main(rest)
-    elif command == "demo":
-        from ..demo import main as demo_main
-
-        demo_main(rest)
-    elif command == "train":
-        from .train import main as train_main
-
-        train_main(rest)
-    elif command == "eval":
-        from .eval import eval_main
-
-        eval_main(rest)
-    elif command == "patched-source":
+    if command == "patched-source":
         print_patched_source()
-    elif command == "tiny-model":
-        from .tiny_model import tiny_model_main
-
-        tiny_model_main(rest)
+    elif command in _COMMANDS:
+        module, function = _COMMANDS[command]
+        getattr(importlib.import_module(module, __name__), function)(rest)
     else:
         print(f"trl-bandpo: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         sys.exit(2)

@@ -8,11 +8,8 @@ from collections.abc import Sequence
 from ..core.band import DIVERGENCES, RADIUS, RELAX_HIGH, RELAX_LOW, UPPER_MAX, band_bounds
 from ..core.checks import Number, none_word
 
-__all__ = ["DEFAULT_PROBABILITIES", "DEFAULT_UPPER_MAX", "bounds_main", "build_parser"]
-
 DEFAULT_PROBABILITIES = (1e-6, 1e-4, 1e-3, 0.01, 0.05, 0.08, 0.2, 0.5, 0.8, 0.95, 0.99, 0.999)
-#: The cap on the upper bound when `--upper-max` is not given: the configs' `band_upper_max` default (the BandPO
-#: authors trained with 10), so the table shows the bounds training uses.
+#: The default cap on the upper bound: the configs' `band_upper_max` (the BandPO authors'), as training uses it.
 DEFAULT_UPPER_MAX = 10.0
 
 
@@ -39,27 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--divergence", default="kl", choices=DIVERGENCES, help="f-divergence of the trust region")
     parser.add_argument("--radius", type=_flag(RADIUS), default=0.05, help="trust-region radius delta (finite, > 0)")
     parser.add_argument(
-        "--upper-max",
-        type=_flag(UPPER_MAX),
-        default=DEFAULT_UPPER_MAX,
+        "--upper-max", type=_flag(UPPER_MAX), default=DEFAULT_UPPER_MAX,
         help="cap on the upper bound, >= 1 (the configs' band_upper_max, the BandPO authors' setting); "
         "`--upper-max none`: no cap but the simplex limit 1/p",
-    )
+    )  # fmt: skip
     parser.add_argument(
-        "--relax",
-        type=_flag(Number(low=0)),
-        nargs=2,
-        metavar=("EPS_LOW", "EPS_HIGH"),
-        default=None,
+        "--relax", type=_flag(Number(low=0)), nargs=2, metavar=("EPS_LOW", "EPS_HIGH"),
         help="the Relaxed Band: the union with the clip interval [1 - EPS_LOW, 1 + EPS_HIGH] (EPS_LOW in [0, 1))",
-    )
+    )  # fmt: skip
     parser.add_argument(
-        "--p",
-        type=_flag(Number(low=0, high=1, low_open=True)),
-        nargs="+",
-        default=list(DEFAULT_PROBABILITIES),
+        "--p", type=_flag(Number(low=0, high=1, low_open=True)), nargs="+", default=list(DEFAULT_PROBABILITIES),
         help="old probabilities, in (0, 1]",
-    )
+    )  # fmt: skip
     return parser
 
 

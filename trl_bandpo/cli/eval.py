@@ -1,16 +1,5 @@
-r"""`trl-bandpo eval`: mean@n and pass@k of a model on math benchmarks (`trl_bandpo.evaluation.evaluate`).
-
-The flags are the fields of `trl_bandpo.evaluation.EvalSettings` (``--num-samples`` or ``--num_samples``, ...),
-parsed by `transformers.HfArgumentParser`, plus the command's own (`EvalCommand`: the model, the output folder, vLLM
-engine sizes). ``--preset`` fills every setting not given explicitly. Every value is checked, and the benchmarks are
-loaded, before the model is: a bad one exits at once with status 2 and a message naming the flag, the value and what
-is allowed, instead of failing after hours of generation; so does an output folder that holds an earlier run's
-results, unless ``--overwrite``. Before the model is loaded, the effective settings are printed
-(`describe_settings`); without ``--preset`` they are `EvalSettings`' defaults (sampling at temperature 1.0 / top-p
-1.0, as both papers sample, but no paper's benchmarks, prompt and scorers together). Samples are written to
-``samples_<benchmark>.jsonl`` batch by batch as they are scored. The tables printed at the end are in percent, a
-preset's paper estimator first.
-"""
+"""`trl-bandpo eval`: mean@n and pass@k of a model on math benchmarks (`trl_bandpo.evaluation.evaluate`); the flags
+are `EvalSettings`' fields plus `EvalCommand`'s, every value checked before the model loads (docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -27,8 +16,6 @@ from ..evaluation import EvalSettings, evaluate, load_benchmarks, merge_scorer, 
 from ..evaluation.generation import resolve_backend
 from ..evaluation.scorers import SCORERS, parse_scorer
 from ..evaluation.settings import check_output_dir
-
-__all__ = ["FLAGS", "EvalCommand", "build_parser", "describe_settings", "eval_main", "resolve_settings"]
 
 #: The flag of each `EvalSettings` field, as messages name it.
 FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(EvalSettings)}
@@ -73,8 +60,7 @@ class _Parser(HfArgumentParser):
 
 
 def build_parser() -> HfArgumentParser:
-    """`HfArgumentParser` over `EvalCommand` and `EvalSettings`; the settings not given are left unset (for
-    `resolve_settings`), errors name the dash-separated flags."""
+    """`HfArgumentParser` over `EvalCommand` and `EvalSettings`, the settings not given left unset."""
     parser = _Parser(
         (EvalCommand, EvalSettings),
         prog="trl-bandpo eval",
@@ -88,9 +74,8 @@ def build_parser() -> HfArgumentParser:
 
 
 def resolve_settings(args: argparse.Namespace) -> EvalSettings:
-    """The effective settings: each flag given explicitly, else the preset's value, else the default. A preset's ks
-    above an explicit --num-samples are dropped; ``--scorer`` entries update the preset's scorers (or the default
-    one), a bare name replaces them. Raises ValueError naming the flag."""
+    """The effective settings: each flag given, else the preset's value, else the default (``--scorer`` entries
+    update the preset's scorers, a bare name replaces them). Raises ValueError naming the flag."""
     given = {key: getattr(args, key) for key in FLAGS if getattr(args, key) is not _UNSET}
     if "scorer" in given and none_word(given.get("preset")) is None:
         given["scorer"] = merge_scorer(EvalSettings.scorer, given["scorer"])
@@ -120,11 +105,9 @@ def describe_settings(settings: EvalSettings, benchmarks: Sequence[str]) -> str:
     """One line with exactly what a run uses (printed before the model is loaded), and where it comes from."""
     top_k = "no top-k" if settings.top_k is None else f"top-k {settings.top_k}"
     scorers = ", ".join(f"{name}: {scorer}" for name, scorer in scorers_for(settings.scorer, benchmarks).items())
-    origin = (
-        f"preset {settings.preset}; flags given explicitly override it"
-        if settings.preset
-        else "no --preset: built-in defaults, not a paper's protocol; --preset bandpo or dgpo applies one"
-    )
+    origin = f"preset {settings.preset}; flags given explicitly override it"
+    if not settings.preset:
+        origin = "no --preset: built-in defaults, not a paper's protocol; --preset bandpo or dgpo applies one"
     return (
         f"Settings ({origin}): {settings.num_samples} samples per problem at temperature {settings.temperature}, "
         f"top-p {settings.top_p}, {top_k}, seed {settings.seed}; at most {settings.max_new_tokens} new tokens; prompt "
@@ -133,12 +116,7 @@ def describe_settings(settings: EvalSettings, benchmarks: Sequence[str]) -> str:
 
 
 def eval_main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``trl-bandpo eval ...``); prints the settings, then the Markdown tables (in %, a
-    preset's paper estimator first), and returns 0.
-
-    Bad arguments, an output folder with an earlier run's results (without ``--overwrite``) and benchmarks that
-    cannot be loaded exit with status 2 before the model is loaded.
-    """
+    """``trl-bandpo eval ...``: prints the settings, then the tables (in %), and returns 0; bad arguments exit 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -157,12 +135,9 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     settings.benchmarks = benchmarks  # loaded and checked: evaluate takes them as they are
     print(describe_settings(settings, list(benchmarks)), flush=True)
     results = evaluate(
-        command.model,
-        settings=settings,
-        output_dir=command.output_dir,
-        save_samples=not command.no_samples,
+        command.model, settings=settings, output_dir=command.output_dir, save_samples=not command.no_samples,
         vllm_kwargs=command.vllm_kwargs,
-    )
+    )  # fmt: skip
     ks, n = results["settings"]["ks"], results["settings"]["num_samples"]
     for key, label in results["estimators"].items():  # a preset's paper estimator first
         table = write_markdown(results["benchmarks"], ks, n, estimator=key.partition("@")[0])

@@ -1,14 +1,5 @@
-r"""Recipe parsing for `trl-bandpo train`: TRL's `TrlParser`, plus only what it lacks.
-
-A recipe (YAML) sets the defaults of three dataclasses and command-line flags override them: [`ScriptArguments`]
-(data, reward, validation), [`~trl_bandpo.PolicyLossConfig`] (every `trl.GRPOConfig` field plus the policy-loss
-fields; [`~trl_bandpo.AsyncPolicyLossConfig`] with `async_rollouts: true`) and `trl.ModelConfig`. TRL's parser already
-reads `none` as None for optional numbers and checks each flag's type. `RecipeParser` adds, before any model or data
-loads: repeated YAML keys refused (PyYAML keeps the last silently), unknown keys and flags named with the closest
-valid names, the types of the values the YAML file gives (argparse converts only strings), the required fields, and
-the config's own `UnusedSettingWarning` (a setting the run ignores) as an error. Every other check is the
-dataclasses' own.
-"""
+"""Recipe parsing for `trl-bandpo train`: TRL's `TrlParser`, plus checks before anything loads: repeated YAML keys,
+unknown keys and flags (with the closest valid names), YAML value types, required fields, `UnusedSettingWarning`."""
 
 from __future__ import annotations
 
@@ -28,8 +19,6 @@ from trl import ModelConfig, TrlParser
 from ..training.configs import PolicyLossConfig, UnusedSettingWarning, config_class_with_loss_fields
 from .script_arguments import ScriptArguments
 
-__all__ = ["DATACLASS_TYPES", "ConfigError", "RecipeParser", "parse_args", "read_recipe"]
-
 USAGE = "trl-bandpo train --config RECIPE [--field value ...]"
 DESCRIPTION = (
     "Train from a YAML recipe (recipes/): --config RECIPE sets the fields below, and each --field value overrides one "
@@ -44,9 +33,6 @@ _CPU_HINT = " On a machine without a GPU set `use_cpu: true` and `bf16: false` (
 
 class ConfigError(ValueError):
     """A recipe or command line that does not describe a valid run (unknown key, bad value)."""
-
-
-# -- the YAML file ---------------------------------------------------------------------------------------------------
 
 
 class _RecipeLoader(yaml.SafeLoader):
@@ -97,9 +83,6 @@ def read_recipe(path: str | os.PathLike) -> dict:
     raise ConfigError("\n".join([f"recipe {os.fspath(path)!r} {problem}", *hints]))
 
 
-# -- the parser ------------------------------------------------------------------------------------------------------
-
-
 def _close_matches(kind: str, names: Sequence[str], parser, where: str) -> str:
     lines = [f"unknown {kind} {where}:"]
     for name in names:
@@ -111,15 +94,12 @@ def _close_matches(kind: str, names: Sequence[str], parser, where: str) -> str:
 
 
 class RecipeParser(TrlParser):
-    """`TrlParser` over (ScriptArguments, a policy-loss config, ModelConfig) whose errors are `ConfigError`s, with
-    the checks of this module's docstring."""
+    """`TrlParser` whose errors are `ConfigError`s, with the checks of this module's docstring."""
 
     def __init__(self, dataclass_types, recipe_path=None, **kwargs):
         super().__init__(dataclass_types, **kwargs)
         self.recipe_path = recipe_path
-        self.known = {
-            f.name for dataclass_type in dataclass_types for f in dataclasses.fields(dataclass_type) if f.init
-        }
+        self.known = {f.name for cls in dataclass_types for f in dataclasses.fields(cls) if f.init}
 
     def error(self, message):  # argparse would print the usage and exit; the entry point reports it
         raise ConfigError(message)
@@ -128,9 +108,8 @@ class RecipeParser(TrlParser):
         unknown = [key for key in recipe if key not in self.known]
         if unknown:
             raise ConfigError(_close_matches("field(s)", unknown, self, f"in recipe {self.recipe_path!r}"))
-        hints = {}  # from the annotations: HfArgumentParser rewrites the fields' own types (`float | None` -> float)
-        for dataclass_type in self.dataclass_types:
-            hints.update(typing.get_type_hints(dataclass_type))
+        # from the annotations: HfArgumentParser rewrites the fields' own types (`float | None` -> float)
+        hints = {name: hint for cls in self.dataclass_types for name, hint in typing.get_type_hints(cls).items()}
         for action in self._actions:
             kind = getattr(action.type, "__name__", "")
             if action.dest in recipe and kind in _KINDS:
@@ -161,10 +140,8 @@ def _check_recipe_value(name: str, value, kind: str, nullable: bool, path) -> No
     """A YAML value (not a string: argparse converts those, and names the flag if it cannot) of the field's type."""
     if isinstance(value, str) or (value is None and nullable):
         return
-    if kind == "string_to_bool":
-        fits = isinstance(value, bool)
-    else:
-        fits = not isinstance(value, bool) and isinstance(value, int if kind == "int" else (int, float))
+    number = not isinstance(value, bool) and isinstance(value, int if kind == "int" else (int, float))
+    fits = isinstance(value, bool) if kind == "string_to_bool" else number
     if not fits:
         shown = "null" if value is None else repr(value)
         raise ConfigError(f"{name} in recipe {path!r} must be {_KINDS[kind]}{' or null' * nullable}, got {shown}.")
@@ -172,8 +149,7 @@ def _check_recipe_value(name: str, value, kind: str, nullable: bool, path) -> No
 
 @functools.cache
 def _async_model_config() -> type:
-    """`trl.ModelConfig`'s fields without those `AsyncGRPOConfig` has too (`dtype`): argparse takes each flag once,
-    and the async trainer loads the model with its config's `dtype`."""
+    """`trl.ModelConfig` without the fields `AsyncGRPOConfig` has too (`dtype`): argparse takes each flag once."""
     from ..training.async_trainer import AsyncPolicyLossConfig
 
     shared = {f.name for f in dataclasses.fields(AsyncPolicyLossConfig)}
@@ -182,8 +158,8 @@ def _async_model_config() -> type:
 
 
 def _given(argv: Sequence[str], recipe: dict, name: str, bare=None):
-    """The value of `name` on the command line (`--name value`, `--name=value`, or `bare` for a bare `--name`), else
-    in the recipe."""
+    """The value of `name` on the command line (`--name value`, `--name=value`, a bare `--name`: `bare`), else the
+    recipe's."""
     value = recipe.get(name)
     for index, arg in enumerate(argv):
         if arg == f"--{name}":
@@ -221,8 +197,7 @@ DATACLASS_TYPES = (ScriptArguments, PolicyLossConfig, ModelConfig)
 
 
 def parse_args(argv: Sequence[str] | None = None):
-    """`(ScriptArguments, the policy-loss config, ModelConfig)` of ``--config recipe.yaml`` and the command-line
-    overrides, or a `ConfigError` before any model or data loads."""
+    """`(ScriptArguments, the policy-loss config, ModelConfig)` of ``--config RECIPE`` and the overrides."""
     argv = list(sys.argv[1:] if argv is None else argv)
     for index, arg in enumerate(argv):  # `--config=PATH` as TrlParser reads it
         if arg.startswith("--config="):

@@ -1,20 +1,5 @@
-r"""Training entry point: one recipe (YAML) + command-line overrides -> a BandPO / DGPO / baseline run.
-
-Usage (see `recipes/README.md` for the recipes and how their batch sizes map onto the papers')::
-
-    accelerate launch --config_file accelerate_configs/zero3.yaml --num_processes 8 \
-        -m trl_bandpo.cli.train --config recipes/bandpo/qwen2.5-3b-instruct_band-kl-0.05.yaml [--field value ...]
-    trl-bandpo train --config recipes/lora/qwen2.5-0.5b-instruct_band-kl-0.05.yaml --max_steps 20
-    python -m trl_bandpo.cli.train --help
-
-Every recipe key is a field of [`~trl_bandpo.cli.script_arguments.ScriptArguments`] (data, reward),
-[`trl_bandpo.PolicyLossConfig`] (every `trl.GRPOConfig` field plus `policy_loss`, `band_*`, `dgpo_*`, `ce_gppo_*`,
-`aspo_*`) or `trl.ModelConfig` (model, dtype, LoRA, 4/8-bit loading); `trl_bandpo.cli.recipe` parses them. The trainer
-class follows `policy_loss`: `DGPOTrainer` for `"dgpo"`, `BandPOTrainer` otherwise; both run every policy loss, the
-class only sets the model-card tags. With `async_rollouts: true` the training fields are
-[`trl_bandpo.AsyncPolicyLossConfig`]'s and the trainer is `AsyncDGPOTrainer` / `AsyncBandPOTrainer`, TRL's
-asynchronous GRPO trainer with a vLLM server generating ahead (docs/off-policy-and-async.md).
-"""
+"""Training entry point (`trl-bandpo train`, `python -m trl_bandpo.cli.train`): one recipe (YAML) plus command-line
+overrides -> a BandPO / DGPO / baseline run. See docs/training.md and recipes/README.md."""
 
 from __future__ import annotations
 
@@ -32,30 +17,11 @@ from ..training.library_noise import library_noise_filtered
 from .recipe import ConfigError, parse_args
 from .script_arguments import REWARDS, ScriptArguments
 
-__all__ = [
-    "ConfigError",
-    "build_reward",
-    "build_validation",
-    "check_before_loading",
-    "check_dataset_size",
-    "describe_run",
-    "load_eval_data",
-    "load_prompt_tokenizer",
-    "load_train_data",
-    "main",
-    "parse_args",
-    "run",
-    "trainer_class_for",
-    "validation_settings",
-    "warn_about_positions",
-]
-
 logger = logging.getLogger(__name__)
 
 
 def trainer_class_for(policy_loss: str, asynchronous: bool = False):
-    """`DGPOTrainer` for ``"dgpo"``, `BandPOTrainer` for every other policy loss (the class only sets tags); their
-    asynchronous twins (`AsyncDGPOTrainer`, `AsyncBandPOTrainer`) with `asynchronous`."""
+    """`DGPOTrainer` for ``"dgpo"``, else `BandPOTrainer` (the class only sets tags); their `Async` twins."""
     if asynchronous:
         from ..training.async_trainer import AsyncBandPOTrainer, AsyncDGPOTrainer
 
@@ -72,13 +38,8 @@ def build_reward(script_args: ScriptArguments):
     correct, wrong, name = REWARDS[script_args.reward]
     if script_args.reward == "dapo":
         return DAPOReward(correct=correct, wrong=wrong, name=name)
-    return MathVerifyReward(
-        correct=correct,
-        wrong=wrong,
-        timeout_s=float(script_args.reward_timeout),
-        name=name,
-        num_workers=script_args.reward_num_workers,
-    )
+    timeout, workers = float(script_args.reward_timeout), script_args.reward_num_workers
+    return MathVerifyReward(correct=correct, wrong=wrong, timeout_s=timeout, name=name, num_workers=workers)
 
 
 def _expand_names(names: Sequence[str]) -> list[str]:
@@ -99,9 +60,14 @@ def load_prompt_tokenizer(model_args: ModelConfig, training_args: PolicyLossConf
     )
 
 
-def _instruction(script_args: ScriptArguments) -> str | None:
-    # The "dapo" template ignores the instruction (ScriptArguments already warned when one was set).
-    return script_args.instruction if script_args.prompt_template == "boxed" else None
+def _loader_kwargs(script_args: ScriptArguments, local: bool) -> dict:
+    """The data loaders' keywords: template, instruction (none for "dapo") and, for local files, their columns."""
+    return {
+        "instruction": script_args.instruction if script_args.prompt_template == "boxed" else None,
+        "prompt_template": script_args.prompt_template,
+        "problem_field": script_args.problem_field if local else None,
+        "answer_field": script_args.answer_field if local else None,
+    }
 
 
 def _drop_long_prompts(dataset, script_args: ScriptArguments, tokenizer, chat_template_kwargs, label: str):
@@ -115,55 +81,33 @@ def _drop_long_prompts(dataset, script_args: ScriptArguments, tokenizer, chat_te
     from ..data import drop_long_prompts
 
     return drop_long_prompts(
-        dataset,
-        tokenizer,
-        script_args.max_prompt_tokens,
-        chat_template_kwargs=chat_template_kwargs,
-        field="max_prompt_tokens",
-        label=label,
-    )
+        dataset, tokenizer, script_args.max_prompt_tokens, chat_template_kwargs=chat_template_kwargs,
+        field="max_prompt_tokens", label=label,
+    )  # fmt: skip
 
 
 def load_train_data(script_args: ScriptArguments, tokenizer=None, chat_template_kwargs: dict | None = None):
-    """The training set: every entry of `dataset_name` (mixes expanded) loaded and concatenated, in the prompt
-    template `prompt_template`, without the prompts longer than `max_prompt_tokens` tokens.
-
-    Args:
-        script_args ([`ScriptArguments`]):
-            The data fields of the run.
-        tokenizer (`PreTrainedTokenizerBase` or `str`, *optional*):
-            The model's tokenizer (or its folder / Hub id); needed when `max_prompt_tokens` is set.
-        chat_template_kwargs (`dict`, *optional*):
-            Extra chat-template arguments, as `GRPOConfig.chat_template_kwargs` (the prompts are measured with them).
-
-    Returns:
-        `datasets.Dataset` with ``prompt``, ``solution``, ``data_source``.
-    """
+    """The training set (``prompt``, ``solution``, ``data_source``): `dataset_name`'s entries (mixes expanded),
+    concatenated, without prompts longer than `max_prompt_tokens` as `tokenizer` (or its folder / Hub id) counts."""
     import datasets
 
     from ..data import load_math_dataset
 
-    parts = []
-    for name in _expand_names(script_args.dataset_name):
-        local = os.path.exists(name)
-        parts.append(
-            load_math_dataset(
-                name,
-                split=script_args.dataset_split if local else None,
-                problem_field=script_args.problem_field if local else None,
-                answer_field=script_args.answer_field if local else None,
-                instruction=_instruction(script_args),
-                prompt_template=script_args.prompt_template,
-                max_samples=script_args.max_train_samples,
-            )
+    parts = [
+        load_math_dataset(
+            name,
+            split=script_args.dataset_split if os.path.exists(name) else None,
+            max_samples=script_args.max_train_samples,
+            **_loader_kwargs(script_args, os.path.exists(name)),
         )
+        for name in _expand_names(script_args.dataset_name)
+    ]
     dataset = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     return _drop_long_prompts(dataset, script_args, tokenizer, chat_template_kwargs, "training set")
 
 
 def load_eval_data(script_args: ScriptArguments, tokenizer=None, chat_template_kwargs: dict | None = None):
-    """The evaluation benchmarks (dict name -> Dataset), or None when `eval_dataset_name` is unset; prompts as in
-    `load_train_data` (template, `max_prompt_tokens`)."""
+    """The evaluation benchmarks (name -> Dataset, prompts as `load_train_data`'s), or None without any."""
     if not script_args.eval_dataset_name:
         return None
     from ..data import load_eval_benchmarks
@@ -171,16 +115,8 @@ def load_eval_data(script_args: ScriptArguments, tokenizer=None, chat_template_k
     benchmarks = {}
     for entry in script_args.eval_dataset_name:
         local = os.path.exists(entry) or ("=" in entry and os.path.exists(entry.partition("=")[2].strip()))
-        benchmarks.update(
-            load_eval_benchmarks(
-                [entry],
-                max_problems=script_args.max_eval_samples,
-                instruction=_instruction(script_args),
-                prompt_template=script_args.prompt_template,
-                problem_field=script_args.problem_field if local else None,
-                answer_field=script_args.answer_field if local else None,
-            )
-        )
+        kwargs = _loader_kwargs(script_args, local)
+        benchmarks.update(load_eval_benchmarks([entry], max_problems=script_args.max_eval_samples, **kwargs))
     return {
         name: _drop_long_prompts(dataset, script_args, tokenizer, chat_template_kwargs, f"benchmark {name!r}")
         for name, dataset in benchmarks.items()
@@ -188,30 +124,25 @@ def load_eval_data(script_args: ScriptArguments, tokenizer=None, chat_template_k
 
 
 def check_dataset_size(num_prompts: int, training_args: PolicyLossConfig) -> None:
-    """Raise `ConfigError` when the training set cannot fill one generation batch.
-
-    TRL's sampler draws `generation_batch_size / num_generations` unique prompts per generation batch and drops an
-    incomplete one, so a smaller training set yields no batch at all: training would stop at step 0, save the
-    untouched model and exit 0."""
+    """Raise `ConfigError` when the training set cannot fill one generation batch: TRL's sampler drops an incomplete
+    one, so training would stop at step 0, save the untouched model and exit 0."""
     args = training_args
     needed = args.generation_batch_size // args.num_generations
-    if num_prompts >= needed:
-        return
-    raise ConfigError(
-        f"the training set has {num_prompts} prompts, but one generation batch needs {needed} "
-        f"(generation_batch_size {args.generation_batch_size} / num_generations {args.num_generations}, where "
-        f"generation_batch_size = per_device_train_batch_size {args.per_device_train_batch_size} x "
-        f"steps_per_generation {args.steps_per_generation} x {args.world_size} process(es)): training would stop "
-        "at step 0. Lower generation_batch_size (or steps_per_generation, per_device_train_batch_size, the number "
-        "of processes) or add data."
-    )
+    if num_prompts < needed:
+        raise ConfigError(
+            f"the training set has {num_prompts} prompts, but one generation batch needs {needed} "
+            f"(generation_batch_size {args.generation_batch_size} / num_generations {args.num_generations}, where "
+            f"generation_batch_size = per_device_train_batch_size {args.per_device_train_batch_size} x "
+            f"steps_per_generation {args.steps_per_generation} x {args.world_size} process(es)): training would "
+            "stop at step 0. Lower generation_batch_size (or steps_per_generation, per_device_train_batch_size, the "
+            "number of processes) or add data."
+        )
 
 
 def check_before_loading(script_args: ScriptArguments, training_args, model_args: ModelConfig):
-    """What would otherwise fail after the data and the model have loaded, checked first (`ConfigError`): the
-    asynchronous trainer on a machine without CUDA, an output folder that cannot be written, a checkpoint to resume
-    from that does not exist, a model that is neither a local folder nor reachable. Returns the model's config (read
-    without the weights). Warns when the output folder holds an earlier run's checkpoints and this run starts anew."""
+    """`ConfigError` before anything loads for what would fail later (async without CUDA, an unwritable output
+    folder, a missing checkpoint to resume, an unreachable model); warns when this run starts anew among an earlier
+    run's checkpoints. Returns the model's config (read without the weights)."""
     import torch
     from transformers import AutoConfig
 
@@ -242,7 +173,6 @@ def check_before_loading(script_args: ScriptArguments, training_args, model_args
             f"{str(out)!r} holds checkpoints of an earlier run ({', '.join(earlier)}): this run starts anew and saves "
             "among them, and a later resume_from_checkpoint: true would pick the newest of either run. Set "
             "resume_from_checkpoint: true to continue that run, or choose another output_dir.",
-            UserWarning,
             stacklevel=2,
         )
     model = model_args.model_name_or_path
@@ -264,9 +194,8 @@ def check_before_loading(script_args: ScriptArguments, training_args, model_args
 
 
 def warn_about_positions(model_config, training_args, train_dataset, tokenizer=None):
-    """Warn when a prompt plus `max_completion_length` tokens exceed the model's `max_position_embeddings`. The
-    prompt length counts when it is known: with a tokenizer (loaded for `max_prompt_tokens`) the longest prompt of
-    `train_dataset` is measured, else only the completion is compared."""
+    """Warn when a prompt (the longest, when `tokenizer` is given) plus `max_completion_length` tokens exceed the
+    model's `max_position_embeddings`."""
     completion = training_args.max_completion_length
     text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     positions = getattr(text_config, "max_position_embeddings", None)
@@ -285,22 +214,14 @@ def warn_about_positions(model_config, training_args, train_dataset, tokenizer=N
         f"(max_position_embeddings): tokens past position {positions} are beyond what the model supports, and "
         f"generating them is slow. Lower max_completion_length (e.g. --max_completion_length "
         f"{max(1, positions - prompt) if prompt < positions else 32}).",
-        UserWarning,
         stacklevel=2,
     )
 
 
 def _model_init_kwargs(model_args: ModelConfig, training_args: PolicyLossConfig) -> dict:
-    kwargs = {
-        "revision": model_args.model_revision,
-        "trust_remote_code": training_args.trust_remote_code,
-        "attn_implementation": model_args.attn_implementation,
-        "dtype": model_args.dtype,
-    }
-    kwargs = {key: value for key, value in kwargs.items() if value is not None}
-    if training_args.model_init_kwargs:
-        kwargs.update(training_args.model_init_kwargs)
-    return kwargs
+    kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
+                  attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
+    return {key: value for key, value in kwargs.items() if value is not None} | (training_args.model_init_kwargs or {})
 
 
 def describe_run(trainer) -> str:
@@ -313,12 +234,11 @@ def describe_run(trainer) -> str:
     if plugin is not None:
         parallel += f" ZeRO-{plugin.zero_stage}"
     if not hasattr(args, "generation_batch_size"):  # the asynchronous trainer (AsyncPolicyLossConfig)
-        if args.token_budget is not None and args.token_budget > 0:
-            micro = f"micro-batches of up to {args.token_budget} tokens per process"
-        elif args.token_budget is None:
+        micro = f"micro-batches of {args.per_device_train_batch_size} samples per process"
+        if args.token_budget is None:
             micro = "micro-batches of up to the server's max_model_len tokens per process"
-        else:
-            micro = f"micro-batches of {args.per_device_train_batch_size} samples per process"
+        elif args.token_budget > 0:
+            micro = f"micro-batches of up to {args.token_budget} tokens per process"
         return (
             f"trl-bandpo: {type(trainer).__name__}, policy_loss={args.policy_loss} | {processes} process(es), "
             f"{parallel} | rollouts from the vLLM server at {args.vllm_server_base_url}, {args.num_generations} "
@@ -339,20 +259,8 @@ def describe_run(trainer) -> str:
 
 
 def validation_settings(script_args: ScriptArguments):
-    """The `ValidationSettings` of the recipe's `val_*` fields (the `val_preset`'s overridden by the fields set,
-    checked when the arguments were built); None when there are no benchmarks (no validation)."""
+    """The `ValidationSettings` of the recipe's `val_*` fields; None when there are no benchmarks."""
     return script_args.validation if script_args.validation.benchmarks else None
-
-
-def build_validation(script_args: ScriptArguments, trainer=None):
-    """The validation callback the `val_*` fields describe (None when there is none), its benchmarks loaded; attached
-    to `trainer` when one is given (else call ``callback.attach(trainer)``)."""
-    settings = validation_settings(script_args)
-    if settings is None:
-        return None
-    from ..evaluation.validation import ValidationCallback
-
-    return ValidationCallback(settings, trainer=trainer)
 
 
 def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_args: ModelConfig):
@@ -375,7 +283,11 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
         train_dataset = load_train_data(script_args, tokenizer, template_kwargs)
         evaluate = training_args.eval_strategy != "no"
         eval_dataset = load_eval_data(script_args, tokenizer, template_kwargs) if evaluate else None
-        validation = build_validation(script_args)  # benchmarks loaded and checked before the model loads
+        validation = validation_settings(script_args)
+        if validation is not None:  # its benchmarks are loaded and checked before the model loads
+            from ..evaluation.validation import ValidationCallback
+
+            validation = ValidationCallback(validation)
     if script_args.eval_dataset_name and eval_dataset is None:
         logger.warning("eval_dataset_name is set but eval_strategy is 'no': no evaluation during training.")
     asynchronous = script_args.async_rollouts
@@ -392,12 +304,9 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
     if not asynchronous:  # AsyncGRPOTrainer takes neither (both refused by parse_args)
         trainer_kwargs.update(eval_dataset=eval_dataset, quantization_config=get_quantization_config(model_args))
     trainer = trainer_cls(
-        model=model_args.model_name_or_path,
-        reward_funcs=[build_reward(script_args)],
-        args=training_args,
-        train_dataset=train_dataset,
-        **trainer_kwargs,
-    )
+        model=model_args.model_name_or_path, reward_funcs=[build_reward(script_args)], args=training_args,
+        train_dataset=train_dataset, **trainer_kwargs,
+    )  # fmt: skip
     if validation is not None:
         validation.attach(trainer)
     validating = f" | validation every {validation.settings.every_steps} steps" if validation is not None else ""
@@ -412,9 +321,7 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse `argv` (default `sys.argv[1:]`), train, and return 0. Configuration errors (a bad recipe, a training
-    set too small for one generation batch) exit with status 2. Library messages that are not the user's to act on
-    are filtered (`trl_bandpo.training.library_noise`)."""
+    """Parse `argv` (default `sys.argv[1:]`), train, and return 0; a `ConfigError` exits with status 2."""
     with library_noise_filtered():
         try:
             script_args, training_args, model_args = parse_args(argv)

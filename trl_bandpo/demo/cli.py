@@ -4,155 +4,187 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
+from ..core.checks import Choice, Integer, Number, refuse
 from .figure import plot_figure
-from .report import (
-    format_number,
-    jsonable,
-    observations,
-    summarize_history,
-    summary_markdown,
-    write_metrics_csv,
-)
-from .runs import DEFAULT_METHODS, method_settings, train_method
-from .runtime import progress_bar, quiet_libraries
+from .report import format_number, jsonable, observations, summarize_history, summary_markdown, write_metrics_csv
+from .runs import DEFAULT_METHODS, METHOD_PRESETS, method_config, method_settings, train_method
 from .sft import warm_start
 from .task import evaluate_accuracy, make_problems, max_completion_tokens
+
+#: The numeric flags, by argument group: (flag, default, the check of its value, help). Each value is checked when
+#: the arguments are parsed, before any work, with the message of `trl_bandpo.core.checks`.
+_NUMERIC_FLAGS = {
+    None: (
+        ("--steps", 600, Integer(low=1), "RL optimizer steps per method."),
+        ("--seed", 0, Integer(0, 2**32 - 1), "Seed of the split, the warm start and every RL run."),
+    ),
+    "task and size": (
+        ("--max-operand", 20, Integer(2, 1000), "Operands a, b are drawn from [0, max_operand)."),
+        ("--num-prompts", 0, Integer(low=0), "Training problems (0: all not held out)."),
+        ("--num-eval", 100, Integer(low=1), "Held-out problems, never trained on."),
+        ("--eval-samples", 8, Integer(low=0), "Samples per held-out problem at T=1 (0: none)."),
+        ("--hidden-size", 128, Integer(low=8), "Hidden size of the tiny Qwen2 (4 heads: a multiple of 8)."),
+        ("--num-layers", 2, Integer(1, 64), "Layers of the tiny Qwen2."),
+    ),
+    "supervised warm start": (
+        ("--warmup-steps", 800, Integer(low=0), "Most SFT steps of the warm start."),
+        ("--warmup-target", 0.4, Number(0, 1), "Stop the warm start once sampled (T=1) accuracy on 128 training "
+         "problems, checked every 10 steps, reaches this (0: always run --warmup-steps)."),
+        ("--warmup-lr", 3e-3, Number(low=0, low_open=True), "Warm-start learning rate (AdamW)."),
+        ("--warmup-batch-size", 64, Integer(low=1), "Problems per warm-start step."),
+    ),
+    "RL": (
+        ("--lr", 2e-4, Number(low=0, low_open=True), "RL learning rate (AdamW, constant)."),
+        ("--prompts-per-generation", 16, Integer(low=1), "Prompts per generation batch."),
+        ("--num-generations", 8, Integer(low=2), "Completions per prompt (GRPO group size)."),
+        ("--steps-per-generation", 4, Integer(low=1), "Optimizer steps per pass over a batch."),
+        ("--num-iterations", 2, Integer(low=1), "Passes over each generation batch (>1: off-policy)."),
+        ("--band-radius", 0.02, Number(low=0, low_open=True), "KL radius δ of the Band methods and DPPO (see the "
+         "trl_bandpo.demo docstring)."),
+        ("--threads", 1, Integer(low=0), "torch CPU threads (a tiny model gains nothing from more; 0: as is)."),
+    ),
+}  # fmt: skip
+
+
+def method_names() -> list[str]:
+    """Every method the demo runs: the named presets, then every other built-in policy loss by its own name."""
+    from ..core.losses import POLICY_LOSSES
+
+    return [*METHOD_PRESETS, *(name for name in POLICY_LOSSES if name not in METHOD_PRESETS)]
 
 
 def _method_list(values) -> list[str]:
     """Method names from ``--methods`` (space or comma separated), normalised, without duplicates."""
-    names = []
-    for value in values:
-        for name in str(value).replace(",", " ").split():
-            name = name.strip().lower().replace("-", "_")
-            if name and name not in names:
-                names.append(name)
-    if not names:
-        raise ValueError("--methods is empty.")
-    return names
+    words = (word for value in values for word in str(value).replace(",", " ").split())
+    return list(dict.fromkeys(word.lower().replace("-", "_") for word in words))
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The demo's argument parser."""
     parser = argparse.ArgumentParser(
-        prog="trl-bandpo demo",
-        description=(
-            "Offline CPU demo: warm-start a tiny model on toy addition, then train it with GRPO, Clip-Higher, BandPO "
-            "and DGPO (same seed, same data) and compare reward, entropy, clip rates and held-out accuracy. "
-            "The defaults take about two minutes on 2 idle CPU cores (more on a busy machine)."
-        ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+        prog="trl-bandpo demo", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Offline CPU demo: warm-start a tiny model on toy addition, then train it with GRPO, Clip-Higher, "
+        "BandPO and DGPO (same seed, same data) and compare reward, entropy, clip rates and held-out accuracy. The "
+        "defaults take about two minutes on 2 idle CPU cores (more on a busy machine).",
+    )  # fmt: skip
     parser.add_argument(
         "--methods", nargs="+", default=list(DEFAULT_METHODS), metavar="METHOD",
-        help="Methods to compare (space or comma separated): grpo, clip_higher, bandpo, dgpo, or any policy loss "
-        "name (relaxed_band, dcpo, gppo, ce_gppo, aspo, band, clip). Observations compare each with the first "
-        "method, or with grpo when it is in the list.",
+        help=f"Methods to compare (space or comma separated), any of: {', '.join(method_names())} (the "
+        "trl_bandpo.demo docstring defines them). Observations compare each with the first method, or with grpo "
+        "when it is in the list.",
     )  # fmt: skip
-    parser.add_argument("--steps", type=int, default=600, help="RL optimizer steps per method.")
-    parser.add_argument("--seed", type=int, default=0, help="Seed of the split, the warm start and every RL run.")
     parser.add_argument("--output-dir", default="demo_output", help="Folder for metrics, figure and summary.")
-    task = parser.add_argument_group("task and size")
-    task.add_argument("--max-operand", type=int, default=20, help="Operands a, b are drawn from [0, max_operand).")
-    task.add_argument("--num-prompts", type=int, default=0, help="Training problems (0: all not held out).")
-    task.add_argument("--num-eval", type=int, default=100, help="Held-out problems, never trained on.")
-    task.add_argument("--eval-samples", type=int, default=8, help="Samples per held-out problem at T=1 (0: none).")
-    task.add_argument("--hidden-size", type=int, default=128, help="Hidden size of the tiny Qwen2.")
-    task.add_argument("--num-layers", type=int, default=2, help="Layers of the tiny Qwen2.")
-    warm = parser.add_argument_group("supervised warm start")
-    warm.add_argument("--warmup-steps", type=int, default=800, help="Most SFT steps of the warm start.")
-    warm.add_argument(
-        "--warmup-target", type=float, default=0.4,
-        help="Stop the warm start once sampled (T=1) accuracy on 128 training problems, checked every 10 steps, "
-        "reaches this (0: always run --warmup-steps).",
-    )  # fmt: skip
-    warm.add_argument("--warmup-lr", type=float, default=3e-3, help="Warm-start learning rate (AdamW).")
-    warm.add_argument("--warmup-batch-size", type=int, default=64, help="Problems per warm-start step.")
-    warm.add_argument("--no-cache", action="store_true", help="Redo the warm start even if a cached one matches.")
-    rl = parser.add_argument_group("RL")
-    rl.add_argument("--lr", type=float, default=2e-4, help="RL learning rate (AdamW, constant).")
-    rl.add_argument("--prompts-per-generation", type=int, default=16, help="Prompts per generation batch.")
-    rl.add_argument("--num-generations", type=int, default=8, help="Completions per prompt (GRPO group size).")
-    rl.add_argument("--steps-per-generation", type=int, default=4, help="Optimizer steps per pass over a batch.")
-    rl.add_argument(
-        "--num-iterations", type=int, default=2, help="Passes over each generation batch (>1: off-policy)."
-    )
-    rl.add_argument("--band-radius", type=float, default=0.02, help="BandPO KL radius δ (see the module docstring).")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch CPU threads (a tiny model gains nothing from more; 0: as is)."
-    )
+    parser.add_argument("--no-cache", action="store_true", help="Redo the warm start even if a cached one matches.")
     parser.add_argument("--quiet", action="store_true", help="No progress bars.")
+    for title, flags in _NUMERIC_FLAGS.items():
+        group = parser.add_argument_group(title) if title else parser
+        for flag, default, check, text in flags:
+            kind = int if isinstance(check, Integer) else float
+            group.add_argument(flag, type=kind, default=default, help=f"{text} Allowed: {check.allowed}.")
     return parser
 
 
-def _check_args(args) -> None:
-    """Raise `ValueError` for an argument out of its range."""
-    positive = ("steps", "max_operand", "num_eval", "hidden_size", "num_layers", "warmup_batch_size",
-                "prompts_per_generation", "num_generations", "steps_per_generation", "num_iterations")  # fmt: skip
-    for name in positive:
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
-    for name in ("num_prompts", "warmup_steps", "eval_samples", "threads"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}.")
-    if args.num_generations < 2:
-        raise ValueError("--num-generations must be >= 2 (group-relative advantages).")
-    if not 0 <= args.warmup_target <= 1:
-        raise ValueError(f"--warmup-target must be in [0, 1], got {args.warmup_target}.")
-    if not (args.lr > 0 and args.warmup_lr > 0 and args.band_radius > 0):
-        raise ValueError("--lr, --warmup-lr and --band-radius must be > 0.")
+def _check_args(args) -> tuple[dict, list, list]:
+    """Check every argument before any work; returns the methods' settings and the training and held-out problems.
+
+    Raises `ValueError` naming the flag, the value and what is allowed."""
+    for flags in _NUMERIC_FLAGS.values():
+        for flag, _, check, _ in flags:
+            check(getattr(args, flag[2:].replace("-", "_")), flag)
+    if args.hidden_size % 8:
+        refuse("--hidden-size", "a multiple of 8 (4 attention heads of even size)", args.hidden_size)
+    methods = Choice(tuple(method_names()))
+    settings = {name: method_settings(methods(name, "--methods"), args.band_radius) for name in args.methods}
+    if not settings:
+        refuse("--methods", "at least one method name", " ".join(args.methods))
+    train_rows, eval_rows = make_problems(args.max_operand, args.num_prompts, args.num_eval, args.seed)
+    if len(train_rows) < args.prompts_per_generation:
+        refuse(
+            "--prompts-per-generation", f"at most the {len(train_rows)} training prompts", args.prompts_per_generation
+        )
+    batch = args.prompts_per_generation * args.num_generations
+    if batch % args.steps_per_generation:
+        refuse("--steps-per-generation", f"a divisor of --prompts-per-generation × --num-generations ({batch})",
+               args.steps_per_generation)  # fmt: skip
+    return settings, train_rows, eval_rows
+
+
+@contextlib.contextmanager
+def quiet_libraries():
+    """transformers' log lines below errors and the progress bars of transformers and datasets off (the demo draws
+    its own), the library noise of `library_noise_filtered` dropped; the settings restored afterwards."""
+    import datasets
+    import transformers
+
+    from ..training.library_noise import library_noise_filtered
+
+    verbosity = transformers.logging.get_verbosity()
+    bars, datasets_bars = transformers.logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    try:
+        with library_noise_filtered():
+            yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if bars:
+            transformers.logging.enable_progress_bar()
+        if datasets_bars:
+            datasets.enable_progress_bars()
 
 
 def main(argv=None) -> int:
-    """Run the demo; returns 0. See the `trl_bandpo.demo` docstring and ``--help``."""
+    """Run the demo; returns 0. See the `trl_bandpo.demo` docstring and ``--help``. Bad arguments exit with status 2
+    before any work."""
+    from ..evaluation.settings import check_output_dir
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.methods = _method_list(args.methods)
     try:
-        args.methods = _method_list(args.methods)
-        _check_args(args)
-        settings = {name: method_settings(name, args.band_radius) for name in args.methods}
-        train_rows, eval_rows = make_problems(args.max_operand, args.num_prompts, args.num_eval, args.seed)
-        if len(train_rows) < args.prompts_per_generation:
-            raise ValueError(
-                f"{len(train_rows)} training prompts is fewer than --prompts-per-generation "
-                f"{args.prompts_per_generation}."
-            )
-        if (args.prompts_per_generation * args.num_generations) % args.steps_per_generation:
-            raise ValueError(
-                "--prompts-per-generation × --num-generations must be divisible by --steps-per-generation."
-            )
+        settings, train_rows, eval_rows = _check_args(args)
     except ValueError as err:
         parser.error(str(err))
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    total_start = time.time()
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
-    import torch
-
-    threads = torch.get_num_threads()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     try:
-        with quiet_libraries():
-            return _run(args, settings, train_rows, eval_rows, out, total_start)
-    finally:
-        torch.set_num_threads(threads)
+        out = check_output_dir(args.output_dir, "--output-dir")
+    except ValueError as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
+    max_new_tokens = max_completion_tokens(args.max_operand)
+    with quiet_libraries():
+        try:  # every value a config refuses, before the warm start
+            configs = {
+                name: method_config(s, out / "runs" / name, args, max_new_tokens) for name, s in settings.items()
+            }
+        except ValueError as err:
+            parser.error(str(err))
+        for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            os.environ.setdefault(variable, "1")
+        import torch
+
+        threads = torch.get_num_threads()
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        try:
+            return _run(args, settings, configs, train_rows, eval_rows, out)
+        finally:
+            torch.set_num_threads(threads)
 
 
-def _run(args, settings, train_rows, eval_rows, out: Path, total_start: float) -> int:
+def _run(args, settings, configs, train_rows, eval_rows, out: Path) -> int:
     """Warm start, one RL run per method, then the outputs in `out`; prints the summary."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    total_start = time.time()
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
     max_new_tokens = max_completion_tokens(args.max_operand)
     say(f"Task: a+b= with a, b < {args.max_operand}; {len(train_rows)} training prompts, {len(eval_rows)} held out.")
@@ -166,10 +198,8 @@ def _run(args, settings, train_rows, eval_rows, out: Path, total_start: float) -
         f"probe accuracy {format_number(warm_meta.get('probe_accuracy'))} ({warm_seconds:.1f} s)."
     )
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    base = AutoModelForCausalLM.from_pretrained(model_path)
-    warm = evaluate_accuracy(base, tokenizer, eval_rows, samples=args.eval_samples, seed=args.seed,
-                             max_new_tokens=max_new_tokens)  # fmt: skip
-    del base
+    warm = evaluate_accuracy(AutoModelForCausalLM.from_pretrained(model_path), tokenizer, eval_rows,
+                             samples=args.eval_samples, seed=args.seed, max_new_tokens=max_new_tokens)  # fmt: skip
     say(f"Warm-start held-out accuracy: greedy {warm['greedy']:.3f}, T=1 {format_number(warm['sampled'])}.")
 
     # 2. RL per method
@@ -177,10 +207,9 @@ def _run(args, settings, train_rows, eval_rows, out: Path, total_start: float) -
     for name, method in settings.items():
         labels[name] = method["label"]
         # One bar per method with its own total: its ETA is this method's, not all methods' at the first one's pace.
-        bar = progress_bar(total=args.steps, desc=f"RL {method['label']}", disable=args.quiet, unit="step")
+        bar = tqdm(total=args.steps, desc=f"RL {method['label']}", disable=args.quiet, unit="step", dynamic_ncols=True)
         try:
-            trainer, history, seconds = train_method(method, model_path, train_rows, out / "runs" / name, args, bar,
-                                                     max_new_tokens)  # fmt: skip
+            trainer, history, seconds = train_method(configs[name], method["label"], model_path, train_rows, bar)
         finally:
             bar.close()
         model = trainer.accelerator.unwrap_model(trainer.model)
@@ -191,11 +220,8 @@ def _run(args, settings, train_rows, eval_rows, out: Path, total_start: float) -
             "method": method["label"],
             "policy_loss": method["policy_loss"],
             "settings": {k: v for k, v in method.items() if k != "label"},
-            "heldout_acc_greedy": accuracy["greedy"],
-            "heldout_acc_sampled": accuracy["sampled"],
-            "heldout_acc_sampled_se": accuracy["sampled_se"],
-            "heldout_n_problems": accuracy["n_problems"],
-            "heldout_n_samples": accuracy["n_samples"],
+            **{f"heldout_acc_{key}": accuracy[key] for key in ("greedy", "sampled", "sampled_se")},
+            **{f"heldout_{key}": accuracy[key] for key in ("n_problems", "n_samples")},
             "train_seconds": seconds,
             **summarize_history(history),
         }
@@ -206,24 +232,9 @@ def _run(args, settings, train_rows, eval_rows, out: Path, total_start: float) -
     updates = args.steps_per_generation * args.num_iterations  # optimizer steps per generation batch
     figure = plot_figure(out / "figure.png", histories, labels, args.steps, updates_per_generation=updates)
     reference = "grpo" if "grpo" in rows else next(iter(rows))
-    notes = observations(rows, reference, warm)
-    total_seconds = time.time() - total_start
-    summary = summary_markdown(
-        args,
-        rows,
-        warm,
-        notes,
-        num_train=len(train_rows),
-        num_eval=len(eval_rows),
-        warm_steps=warm_meta.get("steps"),
-        warm_reused=reused,
-        warm_seconds=warm_seconds,
-        figure_drawn=figure,
-        total_seconds=total_seconds,
-    )
-    (out / "summary.md").write_text(summary)
     results = {
         "settings": dict(vars(args)),
+        "problems": {"train": len(train_rows), "held_out": len(eval_rows)},
         "warm_start": {
             **warm,
             "reused": reused,
@@ -232,10 +243,12 @@ def _run(args, settings, train_rows, eval_rows, out: Path, total_start: float) -
         },
         "methods": rows,
         "reference": reference,
-        "observations": notes,
+        "observations": observations(rows, reference, warm),
         "figure": "figure.png" if figure else None,
-        "total_seconds": total_seconds,
+        "total_seconds": time.time() - total_start,
     }
+    summary = summary_markdown(args, results, out)
+    (out / "summary.md").write_text(summary)
     (out / "results.json").write_text(json.dumps(jsonable(results), indent=2))
     print(summary)
     return 0

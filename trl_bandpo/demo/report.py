@@ -7,73 +7,47 @@ The metric names are those the trainer logs (``entropy``, ``reward``, ``clip_rat
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 
-from ..core.metrics import TAIL_PROBABILITY
+import pandas as pd
 
-#: Tail tokens: old-token probability below this (BandPO Figure 3(b)); the trainer's metric uses the same constant.
-TAIL_P = TAIL_PROBABILITY
+from ..core.metrics import TAIL_PROBABILITY as TAIL_P  # tail tokens: old-token probability below this
 
+#: (key of a results row, column title) of the summary table.
 _SUMMARY_COLUMNS = (
-    ("method", "method"),
-    ("policy_loss", "policy loss"),
-    ("heldout_acc_greedy", "held-out acc (greedy)"),
-    ("heldout_acc_sampled", "held-out acc (T=1)"),
-    ("train_reward_last", "train reward (last 25%)"),
-    ("entropy_final", "entropy final"),
-    ("entropy_mean", "entropy mean"),
-    ("clip_rate_mean", "clip rate"),
-    ("clip_high_mean", "upper clip rate"),
-    ("tail_share", f"tail share of upper clip (p<{TAIL_P})"),
-)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Statistics of the logged metrics
-# ----------------------------------------------------------------------------------------------------------------
+    ("method", "method"), ("policy_loss", "policy loss"), ("heldout_acc_greedy", "held-out acc (greedy)"),
+    ("heldout_acc_sampled", "held-out acc (T=1)"), ("train_reward_last", "train reward (last 25%)"),
+    ("entropy_final", "entropy final"), ("entropy_mean", "entropy mean"), ("clip_rate_mean", "clip rate"),
+    ("clip_high_mean", "upper clip rate"), ("tail_share", f"tail share of upper clip (p<{TAIL_P})"),
+)  # fmt: skip
 
 
 def to_float(value) -> float:
     """A float, NaN for None/missing/non-numeric."""
-    if value is None or isinstance(value, bool):
-        return float("nan")
     try:
-        return float(value)
+        return math.nan if value is None or isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
-        return float("nan")
+        return math.nan
+
+
+def metrics_frame(history) -> pd.DataFrame:
+    """One row per logged step of a `log_history`; every value a float, NaN where missing, non-finite or no number."""
+    frame = pd.DataFrame(list(history)).apply(pd.to_numeric, errors="coerce")
+    return frame.astype(float).replace([math.inf, -math.inf], math.nan)
+
+
+def _column(frame: pd.DataFrame, key: str) -> pd.Series:
+    """The finite values of `key` in `frame`, indexed by step (empty when nothing was logged)."""
+    if key not in frame:
+        return pd.Series(dtype=float)
+    return frame.set_index(frame["step"].astype(int))[key].dropna()
 
 
 def logged_series(history, key):
     """(steps, values) of `key` over the logged steps where it is a finite number."""
-    steps, values = [], []
-    for entry in history:
-        value = to_float(entry.get(key))
-        if math.isfinite(value):
-            steps.append(int(entry["step"]))
-            values.append(value)
-    return steps, values
-
-
-def _mean(values):
-    values = [v for v in values if math.isfinite(v)]
-    return sum(values) / len(values) if values else float("nan")
-
-
-def _mean_se(values, weights=None) -> tuple[float, float]:
-    """(weighted) mean and its standard error, treating the values as independent; NaN when undefined."""
-    pairs = [(v, 1.0 if weights is None else w) for v, w in zip(values, weights or values) if math.isfinite(v)]
-    pairs = [(v, w) for v, w in pairs if math.isfinite(w) and w > 0]
-    total = sum(w for _, w in pairs)
-    if not pairs or total <= 0:
-        return float("nan"), float("nan")
-    mean = sum(v * w for v, w in pairs) / total
-    if len(pairs) < 2:
-        return mean, float("nan")
-    # standard error of a ratio (weighted-mean) estimator; for equal weights this is sd / sqrt(n)
-    var = sum((w * (v - mean)) ** 2 for v, w in pairs) / total**2 * len(pairs) / (len(pairs) - 1)
-    return mean, math.sqrt(var)
+    series = _column(metrics_frame(history), key)
+    return series.index.tolist(), series.tolist()
 
 
 def tail_share_of_upper_clipping(history) -> tuple[float, float, int]:
@@ -85,85 +59,58 @@ def tail_share_of_upper_clipping(history) -> tuple[float, float, int]:
     equal token counts per step this is exactly (Σ tail upper-clipped) / (Σ upper-clipped). Returns
     ``(share, standard error, steps with upper clipping)``.
     """
-    shares, weights = [], []
-    for entry in history:
-        share, high = to_float(entry.get("clip_ratio/high_tail_share")), to_float(entry.get("clip_ratio/high_mean"))
-        if math.isfinite(share) and math.isfinite(high) and high > 0:
-            shares.append(share)
-            weights.append(high)
-    mean, se = _mean_se(shares, weights)
-    return mean, se, len(shares)
+    frame = metrics_frame(history).reindex(columns=["clip_ratio/high_tail_share", "clip_ratio/high_mean"]).dropna()
+    frame = frame[frame["clip_ratio/high_mean"] > 0]
+    share, weight = frame["clip_ratio/high_tail_share"], frame["clip_ratio/high_mean"]
+    if share.empty:
+        return math.nan, math.nan, 0
+    mean = (share * weight).sum() / weight.sum()
+    # standard error of the ratio (weighted-mean) estimator, the steps treated as independent
+    se = math.sqrt(((weight * (share - mean)) ** 2).sum() / weight.sum() ** 2 * len(share) / (len(share) - 1))
+    return mean, (se if len(share) > 1 else math.nan), len(share)
 
 
 def summarize_history(history) -> dict[str, float]:
     """The table's training numbers from one method's `log_history` (steps where a value is missing are skipped).
 
     ``*_final`` is the last logged value, ``*_mean`` the mean over all logged steps, ``*_end`` the mean over the
-    last quarter of them (what the observations compare: less noisy than one step), ``*_se`` standard errors.
+    last quarter of them (what the observations compare: less noisy than one step), ``*_se`` standard errors (of
+    the mean, the steps treated as independent).
     """
-    _, entropy = logged_series(history, "entropy")
-    _, reward = logged_series(history, "reward")
-    _, region = logged_series(history, "clip_ratio/region_mean")
-    _, high = logged_series(history, "clip_ratio/high_mean")
-    _, low = logged_series(history, "clip_ratio/low_mean")
+    frame = metrics_frame(history)
+    entropy, reward = _column(frame, "entropy"), _column(frame, "reward")
+    region = _column(frame, "clip_ratio/region_mean")
     tail, tail_se, tail_steps = tail_share_of_upper_clipping(history)
-    quarter = lambda xs: xs[-max(1, len(xs) // 4) :] if xs else []  # noqa: E731
-    entropy_end, entropy_end_se = _mean_se(quarter(entropy))
-    reward_last, reward_last_se = _mean_se(quarter(reward))
-    clip_rate, clip_rate_se = _mean_se(region)
+    quarter = lambda xs: xs.iloc[-max(1, len(xs) // 4) :]  # noqa: E731
+    first = lambda xs: xs.iloc[0] if len(xs) else math.nan  # noqa: E731
+    last = lambda xs: xs.iloc[-1] if len(xs) else math.nan  # noqa: E731
     return {
-        "entropy_first": entropy[0] if entropy else float("nan"),
-        "entropy_final": entropy[-1] if entropy else float("nan"),
-        "entropy_mean": _mean(entropy),
-        "entropy_end": entropy_end,
-        "entropy_end_se": entropy_end_se,
-        "train_reward_first": reward[0] if reward else float("nan"),
-        "train_reward_last": reward_last,
-        "train_reward_last_se": reward_last_se,
-        "clip_rate_mean": clip_rate,
-        "clip_rate_mean_se": clip_rate_se,
-        "clip_high_mean": _mean(high),
-        "clip_low_mean": _mean(low),
-        "tail_share": tail,
-        "tail_share_se": tail_se,
-        "tail_share_steps": tail_steps,
-        "logged_steps": len(history),
-    }
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# metrics.csv and results.json
-# ----------------------------------------------------------------------------------------------------------------
+        "entropy_first": first(entropy), "entropy_final": last(entropy), "entropy_mean": entropy.mean(),
+        "entropy_end": quarter(entropy).mean(), "entropy_end_se": quarter(entropy).sem(),
+        "train_reward_first": first(reward), "train_reward_last": quarter(reward).mean(),
+        "train_reward_last_se": quarter(reward).sem(),
+        "clip_rate_mean": region.mean(), "clip_rate_mean_se": region.sem(),
+        "clip_high_mean": _column(frame, "clip_ratio/high_mean").mean(),
+        "clip_low_mean": _column(frame, "clip_ratio/low_mean").mean(),
+        "tail_share": tail, "tail_share_se": tail_se, "tail_share_steps": tail_steps, "logged_steps": len(history),
+    }  # fmt: skip
 
 
 def write_metrics_csv(path: Path, histories: dict[str, list[dict]]) -> None:
-    """One row per (method, logged step); every numeric key of the log history is a column; NaN/None -> empty."""
-    keys: list[str] = []
-    for history in histories.values():
-        for entry in history:
-            for key, value in entry.items():
-                if key not in ("step",) and key not in keys and (value is None or isinstance(value, (int, float))):
-                    keys.append(key)
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["method", "step", *keys])
-        for method, history in histories.items():
-            for entry in history:
-                row = [method, int(entry["step"])]
-                for key in keys:
-                    value = to_float(entry.get(key))
-                    row.append(repr(value) if math.isfinite(value) else "")
-                writer.writerow(row)
+    """One row per (method, logged step); every key of the log history is a column; NaN/None/no number -> empty."""
+    frames = [metrics_frame(history).assign(method=method) for method, history in histories.items()]
+    table = pd.concat(frames, ignore_index=True)
+    table["step"] = table["step"].astype(int)
+    table[["method", "step", *(key for key in table if key not in ("method", "step"))]].to_csv(path, index=False)
 
 
 def read_metrics_csv(path: str | Path) -> dict[str, list[dict[str, float]]]:
     """Read `metrics.csv` back: ``{method: [{"step": ..., key: float or nan}, ...]}``."""
-    out: dict[str, list[dict[str, float]]] = {}
-    with Path(path).open(newline="") as handle:
-        for row in csv.DictReader(handle):
-            method = row.pop("method")
-            out.setdefault(method, []).append({k: (float(v) if v != "" else float("nan")) for k, v in row.items()})
-    return out
+    table = pd.read_csv(path)
+    return {
+        method: rows.drop(columns="method").astype(float).to_dict("records")
+        for method, rows in table.groupby("method", sort=False)
+    }
 
 
 def jsonable(value):
@@ -177,11 +124,6 @@ def jsonable(value):
     if value is None or isinstance(value, (bool, int, str)):
         return value
     return str(value)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Table, observations, summary.md
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def format_number(value, digits=3) -> str:
@@ -249,58 +191,22 @@ def observations(rows: dict[str, dict], reference: str, warm: dict) -> list[str]
 
 def markdown_table(rows: dict[str, dict], warm: dict) -> str:
     """The summary table: a warm-start row, then one row per method, columns of `_SUMMARY_COLUMNS`."""
-    header = "| " + " | ".join(title for _, title in _SUMMARY_COLUMNS) + " |"
-    rule = "|" + "|".join("---" for _ in _SUMMARY_COLUMNS) + "|"
-    lines = [header, rule]
+    lines = ["| " + " | ".join(title for _, title in _SUMMARY_COLUMNS) + " |", "|---" * len(_SUMMARY_COLUMNS) + "|"]
     warm_row = {"method": "warm start (no RL)", "policy_loss": "-", "heldout_acc_greedy": warm["greedy"],
                 "heldout_acc_sampled": warm["sampled"]}  # fmt: skip
     for row in (warm_row, *rows.values()):
-        cells = []
-        for key, _ in _SUMMARY_COLUMNS:
-            value = row.get(key, float("nan"))
-            cells.append(value if isinstance(value, str) else format_number(value))
-        lines.append("| " + " | ".join(cells) + " |")
+        values = [row.get(key, math.nan) for key, _ in _SUMMARY_COLUMNS]
+        lines.append("| " + " | ".join(v if isinstance(v, str) else format_number(v) for v in values) + " |")
     return "\n".join(lines)
 
 
-def summary_markdown(
-    args,
-    rows: dict[str, dict],
-    warm: dict,
-    notes: list[str],
-    *,
-    num_train: int,
-    num_eval: int,
-    warm_steps,
-    warm_reused: bool,
-    warm_seconds: float,
-    figure_drawn: bool,
-    total_seconds: float,
-) -> str:
-    """The text of ``summary.md``, which the demo also prints at the end.
-
-    Args:
-        args (`argparse.Namespace`):
-            The demo's parsed arguments, restated in the settings line.
-        rows (`dict[str, dict]`):
-            One row of numbers per method (see `markdown_table`), with ``train_seconds``.
-        warm (`dict`):
-            Held-out accuracy of the warm-started model (`evaluate_accuracy`).
-        notes (`list[str]`):
-            The `observations` lines.
-        num_train, num_eval (`int`):
-            Training prompts and held-out problems.
-        warm_steps (`int` or `None`):
-            SFT steps of the warm start.
-        warm_reused (`bool`), warm_seconds (`float`):
-            Whether the warm start came from the cache, and how long it took otherwise.
-        figure_drawn (`bool`):
-            Whether ``figure.png`` was written.
-        total_seconds (`float`):
-            Wall time of the whole demo so far.
-    """
-    table = markdown_table(rows, warm)
-    figure_note = "figure.png" if figure_drawn else "not drawn (matplotlib is not installed: pip install matplotlib)"
+def summary_markdown(args, results: dict, output_dir: Path) -> str:
+    """The text of ``summary.md``, which the demo also prints at the end: the settings (`args`, the demo's parsed
+    arguments), the table and the observations of `results` (what ``results.json`` holds), the paths of the figure
+    and of the metrics in `output_dir`, and the times."""
+    rows, warm = results["methods"], results["warm_start"]
+    figure_note = output_dir / results["figure"] if results["figure"] else "not drawn (pip install matplotlib)"
+    num_train, num_eval, warm_steps = results["problems"]["train"], results["problems"]["held_out"], warm["steps"]
     settings_line = (
         f"addition a+b, a, b < {args.max_operand}; {num_train} training prompts, {num_eval} held-out "
         f"problems ({args.eval_samples} samples each at T=1); tiny Qwen2 (hidden {args.hidden_size}, "
@@ -316,7 +222,7 @@ def summary_markdown(
             "",
             f"Settings: {settings_line}",
             "",
-            table,
+            markdown_table(rows, warm),
             "",
             "Columns: held-out accuracy on problems never trained on (greedy, and mean over samples at temperature "
             "1); train reward = mean reward over the last 25% of generation batches; entropy = TRL's `entropy` "
@@ -331,11 +237,11 @@ def summary_markdown(
             "sampling, or step-to-step spread). Seed-to-seed variation of training is not included and is larger: "
             "rerun with other `--seed` values before reading anything into a difference.",
             "",
-            *[f"- {line}" for line in notes],
+            *[f"- {line}" for line in results["observations"]],
             "",
             f"Figure: {figure_note}. "
-            f"Per-step metrics: metrics.csv. Total time {total_seconds:.0f} s "
-            f"(warm start {'reused' if warm_reused else f'{warm_seconds:.0f} s'}; "
+            f"Per-step metrics: {output_dir / 'metrics.csv'}. Total time {results['total_seconds']:.0f} s "
+            f"(warm start {'reused' if warm['reused'] else format(warm['seconds'], '.0f') + ' s'}; "
             + ", ".join(f"{row['method']} {row['train_seconds']:.0f} s" for row in rows.values())
             + ").",
             "",

@@ -1,53 +1,31 @@
-"""The compared methods and one RL run per method with `PolicyLossTrainer`.
-
-Every method trains a copy of the same warm-started model with the same seed, prompts and hyper-parameters; only
-the per-token policy term (the `PolicyLossConfig` fields of `METHOD_PRESETS`, or a policy loss run by its own name)
-differs. The table of methods and the choice of BandPO's radius are explained in the `trl_bandpo.demo` docstring.
-"""
+"""The compared methods (the `trl_bandpo.demo` docstring lists them) and one RL run per method with
+`PolicyLossTrainer`."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from .runtime import seed_everything
 from .task import correctness_reward
 
 #: The four methods of the papers' Figure 3 comparison, in plotting order.
 DEFAULT_METHODS = ("grpo", "clip_higher", "bandpo", "dgpo")
 
-#: Named methods: display label and the `PolicyLossConfig` fields that define them. BandPO's radius comes from
-#: ``--band-radius``.
+#: Named methods: display label and the `PolicyLossConfig` fields that define them. The Band radius (and DPPO's) comes
+#: from ``--band-radius``.
+_BAND_KL = {"band_divergence": "kl", "band_upper_max": 10.0}
 METHOD_PRESETS: dict[str, dict[str, Any]] = {
     "grpo": {"label": "GRPO", "policy_loss": "clip", "epsilon": 0.2, "epsilon_high": 0.2},
     "clip_higher": {"label": "Clip-Higher", "policy_loss": "clip", "epsilon": 0.2, "epsilon_high": 0.28},
-    "bandpo": {
-        "label": "BandPO",
-        "policy_loss": "band",
-        "band_divergence": "kl",
-        "band_upper_max": 10.0,
-    },
+    "bandpo": {"label": "BandPO", "policy_loss": "band", **_BAND_KL},
     "dgpo": {"label": "DGPO", "policy_loss": "dgpo", "epsilon": 0.2, "epsilon_high": 0.2, "dgpo_n": 1, "dgpo_m": 2.0},
-    # Extensions beyond both papers (docs/extensions.md); their radius comes from ``--band-radius`` too.
-    "adaptive_band": {
-        "label": "Adaptive Band",
-        "policy_loss": "band",
-        "band_divergence": "kl",
-        "band_upper_max": 10.0,
-        "band_radius_by": "entropy",
-        "band_radius_exponent": 1.0,
-    },
-    # DPPO-Binary-KL (arXiv:2602.04879; docs/band-and-dppo.md) on the Band radius, C = 10,000 as its authors
+    # Extensions beyond both papers (docs/extensions.md)
+    "adaptive_band": {"label": "Adaptive Band", "policy_loss": "band", **_BAND_KL, "band_radius_by": "entropy",
+                      "band_radius_exponent": 1.0},
+    # DPPO-Binary-KL (arXiv:2602.04879; docs/band-and-dppo.md), C = 10,000 as its authors
     "dppo": {"label": "DPPO-KL", "policy_loss": "dppo_kl", "dppo_ratio_cap": 10000.0},
-    "band_dgpo": {
-        "label": "Band x DGPO",
-        "policy_loss": "band_dgpo",
-        "band_divergence": "kl",
-        "band_upper_max": 10.0,
-        "dgpo_n": 1,
-        "dgpo_m": 2.0,
-    },
-}
+    "band_dgpo": {"label": "Band x DGPO", "policy_loss": "band_dgpo", **_BAND_KL, "dgpo_n": 1, "dgpo_m": 2.0},
+}  # fmt: skip
 # ε of the other policy losses when run by their own name, as in the BandPO paper's baselines (Section 6.1);
 # 0.2/0.2 for the ones not listed.
 _OTHER_EPSILONS = {"relaxed_band": (0.2, 0.28), "dcpo": (0.16, 0.2)}
@@ -76,83 +54,48 @@ def method_settings(name: str, band_radius: float) -> dict[str, Any]:
     return settings
 
 
-def train_method(settings, model_path, train_rows, run_dir, args, bar, max_new_tokens):
-    """Train the model at `model_path` with RL on `train_rows` under one method's `settings`.
-
-    Args:
-        settings (`dict`):
-            A `method_settings` result: ``label`` and the `PolicyLossConfig` fields of the method.
-        model_path (`str` or `Path`):
-            The warm-started model to start from.
-        train_rows (`list[dict]`):
-            Training problems (``prompt``, ``answer``).
-        run_dir (`Path`):
-            The trainer's ``output_dir`` (nothing is saved there: ``save_strategy="no"``).
-        args (`argparse.Namespace`):
-            The demo's parsed arguments (seed, steps, learning rate, batch shape).
-        bar (`tqdm`):
-            Progress bar advanced once per optimizer step.
-        max_new_tokens (`int`):
-            ``max_completion_length`` of the generations.
-
-    Returns:
-        `tuple`: ``(trainer, history, seconds)``: the trained `PolicyLossTrainer`, its ``state.log_history``
-        without the final ``train_runtime`` entry, and the training wall time.
-    """
-    from datasets import Dataset
-    from transformers import PrinterCallback, ProgressCallback, TrainerCallback
-
+def method_config(settings, run_dir, args, max_new_tokens):
+    """The `PolicyLossConfig` of one method's RL run: its `settings` (a `method_settings` result) on the demo's
+    shared hyper-parameters (`args`: seed, steps, learning rate, batch shape), ``output_dir`` `run_dir` (nothing is
+    saved there), completions of at most `max_new_tokens`. Built before the warm start, so that any value the config
+    refuses stops the demo at once."""
     from ..training.configs import PolicyLossConfig
-    from ..training.trainer import PolicyLossTrainer
 
-    label = settings["label"]
-    fields = {k: v for k, v in settings.items() if k != "label"}
     batch = args.prompts_per_generation * args.num_generations  # completions per generation batch
-    config = PolicyLossConfig(
-        output_dir=str(run_dir),
-        seed=args.seed,
-        data_seed=args.seed,
-        use_cpu=True,
-        report_to="none",
-        disable_tqdm=True,
-        save_strategy="no",
-        logging_steps=1,
-        max_steps=args.steps,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        per_device_train_batch_size=batch // args.steps_per_generation,
-        gradient_accumulation_steps=1,
-        steps_per_generation=args.steps_per_generation,
-        num_generations=args.num_generations,
-        num_iterations=args.num_iterations,
-        max_completion_length=max_new_tokens,
-        temperature=1.0,
-        top_p=1.0,
-        beta=0.0,
-        loss_type="dapo",
-        **fields,
-    )
-    dataset = Dataset.from_list(train_rows)
+    return PolicyLossConfig(
+        output_dir=str(run_dir), use_cpu=True, report_to="none", disable_tqdm=True, save_strategy="no",
+        logging_steps=1, seed=args.seed, data_seed=args.seed, max_steps=args.steps, learning_rate=args.lr,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+        per_device_train_batch_size=batch // args.steps_per_generation, gradient_accumulation_steps=1,
+        steps_per_generation=args.steps_per_generation, num_generations=args.num_generations,
+        num_iterations=args.num_iterations, max_completion_length=max_new_tokens, temperature=1.0, top_p=1.0,
+        beta=0.0, loss_type="dapo", **{k: v for k, v in settings.items() if k != "label"},
+    )  # fmt: skip
+
+
+def train_method(config, label, model_path, train_rows, bar):
+    """Train the model at `model_path` with RL on `train_rows` (``prompt``, ``answer``) under `config` (a
+    `method_config`), advancing `bar` once per optimizer step (showing `label`, the reward and the entropy). Returns
+    ``(trainer, its log_history without the final train_runtime entry, training seconds)``."""
+    from datasets import Dataset
+    from transformers import PrinterCallback, ProgressCallback, TrainerCallback, set_seed
+
+    from ..training.trainer import PolicyLossTrainer
 
     class _Progress(TrainerCallback):
         def on_step_end(self, args_, state, control, **kwargs):
             bar.update(1)
 
         def on_log(self, args_, state, control, logs=None, **kwargs):
-            logs = logs or {}
-            post = {"method": label}
-            if logs.get("reward") is not None:
-                post["reward"] = f"{logs['reward']:.2f}"
-            if logs.get("entropy") is not None:
-                post["entropy"] = f"{logs['entropy']:.2f}"
-            bar.set_postfix(post, refresh=False)
+            shown = {key: f"{logs[key]:.2f}" for key in ("reward", "entropy") if (logs or {}).get(key) is not None}
+            bar.set_postfix({"method": label, **shown}, refresh=False)
 
-    seed_everything(args.seed)
+    set_seed(config.seed)
     trainer = PolicyLossTrainer(
-        model=str(model_path), reward_funcs=correctness_reward, args=config, train_dataset=dataset
+        model=str(model_path),
+        reward_funcs=correctness_reward,
+        args=config,
+        train_dataset=Dataset.from_list(train_rows),
     )
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 import random
 
-from .runtime import forked_rng
-
 
 def make_problems(max_operand: int, num_prompts: int, num_eval: int, seed: int):
     """Split the ``max_operand²`` problems ``a+b=`` into disjoint training prompts and held-out problems.
@@ -22,13 +20,15 @@ def make_problems(max_operand: int, num_prompts: int, num_eval: int, seed: int):
     pairs = [(a, b) for a in range(max_operand) for b in range(max_operand)]
     random.Random(seed).shuffle(pairs)
     if num_eval >= len(pairs):
-        raise ValueError(f"--num-eval ({num_eval}) must be below the number of problems ({len(pairs)}).")
+        raise ValueError(
+            f"--num-eval must be below the {len(pairs)} problems of --max-operand {max_operand}, got {num_eval}."
+        )
     held_out, train = pairs[:num_eval], pairs[num_eval:]
     if num_prompts:
         if num_prompts > len(train):
             raise ValueError(
-                f"--num-prompts ({num_prompts}) exceeds the {len(train)} problems left after holding out {num_eval}; "
-                f"raise --max-operand or lower --num-eval."
+                f"--num-prompts must be at most the {len(train)} problems left after holding out --num-eval "
+                f"{num_eval} (or raise --max-operand), got {num_prompts}."
             )
         train = train[:num_prompts]
     as_rows = lambda ps: [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in ps]  # noqa: E731
@@ -46,8 +46,6 @@ def correctness_reward(completions, answer, **kwargs) -> list[float]:
 
 
 def _text(completion) -> str:
-    if isinstance(completion, str):
-        return completion
     if isinstance(completion, list) and completion and isinstance(completion[-1], dict):  # conversational
         return str(completion[-1].get("content", ""))
     return str(completion)
@@ -64,21 +62,16 @@ def evaluate_accuracy(
     model.eval()
     tokenizer.padding_side = "left"
     answers = [row["answer"] for row in rows]
+    special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
 
     def run(prompts, do_sample):
+        # pure sampling at temperature 1 (top_k=0: no top-k filter), as TRL samples during training
+        sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if do_sample else {}
         texts = []
         for i in range(0, len(prompts), batch_size):
             enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-            enc = {k: v.to(model.device) for k, v in enc.items()}
-            # pure sampling at temperature 1 (top_k=0: no top-k filter), as TRL samples during training
-            sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if do_sample else {}
-            out = model.generate(
-                **enc,
-                **sampling,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )
+            enc = enc.to(model.device)
+            out = model.generate(**enc, **sampling, **special, max_new_tokens=max_new_tokens)
             texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         return texts
 
@@ -87,7 +80,8 @@ def evaluate_accuracy(
         greedy = correctness_reward(run(prompts, False), answers) if greedy else []
         sampled = []
         if samples > 0:
-            with forked_rng(seed):
+            with torch.random.fork_rng(devices=[]):  # the global RNG state is restored afterwards
+                torch.manual_seed(seed)
                 sampled = correctness_reward(run(prompts * samples, True), answers * samples)
     model.train(model_was_training)
     acc = sum(sampled) / len(sampled) if sampled else float("nan")

@@ -1,10 +1,8 @@
-"""Tiny causal LMs and tokenizers built locally, for offline tests, the CPU demo and notebooks.
+"""Tiny causal LMs and tokenizers built locally (nothing is downloaded), for offline tests, the CPU demo and notebooks.
 
-Nothing here downloads anything: the tokenizer is a byte-level vocabulary with no merges (one token per byte, so
-one per ASCII character) assembled with the `tokenizers` library, and the model is a freshly initialised Qwen2 with
-a few thousand parameters per layer. Byte-level, because transformers reloads a saved Qwen2 tokenizer as its own
-`Qwen2Tokenizer` class (byte-level BPE) whatever the saved class: a plain character vocabulary would then lose its
-spaces and newlines when TRL reloads the model folder.
+The tokenizer is byte-level with no merges (one token per byte) because transformers reloads a saved Qwen2 tokenizer
+as its byte-level BPE `Qwen2Tokenizer` whatever the saved class: a plain character vocabulary would lose its spaces
+and newlines when TRL reloads the model folder.
 """
 
 from __future__ import annotations
@@ -28,20 +26,14 @@ def build_tiny_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
-        vocab.setdefault(char, len(vocab))
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *sorted(pre_tokenizers.ByteLevel.alphabet())])}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token="<pad>",
-        unk_token="<unk>",
-        eos_token="<|im_end|>",
-        bos_token=None,
+        tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>", bos_token=None,
         additional_special_tokens=["<|im_start|>"],
-    )
+    )  # fmt: skip
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.padding_side = "left"
     return tokenizer
@@ -53,18 +45,11 @@ def build_tiny_model(tokenizer, hidden_size: int = 64, num_layers: int = 2, num_
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        max_position_embeddings=512, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )  # fmt: skip
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
