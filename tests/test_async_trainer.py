@@ -301,7 +301,7 @@ def test_band_bounds_come_from_the_rollouts_old_log_probs(band_trainer):
 
 
 @pytest.mark.parametrize("name", ["clip", "band", "relaxed_band", "dcpo", "dgpo", "band_dgpo", "gppo", "cispo",
-                                  "ce_gppo", "aspo", "dppo_tv", "dppo_kl"])  # fmt: skip
+                                  "ce_gppo", "aspo", "dppo_tv", "dppo_kl", "spo", "drpo", "ipo"])  # fmt: skip
 def test_every_registered_loss_trains(band_trainer, name):
     from trl_bandpo.core.losses import POLICY_LOSSES, policy_loss_spec
 
@@ -492,3 +492,63 @@ def test_lazy_exports():
     for name in ("AsyncPolicyLossTrainer", "AsyncBandPOTrainer", "AsyncDGPOTrainer", "AsyncPolicyLossConfig",
                  "AsyncBandPOConfig", "AsyncDGPOConfig"):  # fmt: skip
         assert getattr(trl_bandpo, name) is getattr(async_trainer, name)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The old policy is the rollout's: sampling settings that make its log-probs differ from the model's are refused
+# ------------------------------------------------------------------------------------------------------------------
+
+# (setting, the name=value the error must give): AsyncGRPOConfig's sampling fields (it has no generation_kwargs).
+_ASYNC_DISTORTING = [
+    (dict(top_p=0.8), "top_p=0.8"),
+    (dict(top_k=20), "top_k=20"),
+    (dict(min_p=0.05), "min_p=0.05"),
+    (dict(repetition_penalty=1.2), "repetition_penalty=1.2"),
+]
+
+
+@pytest.mark.parametrize("settings,named", _ASYNC_DISTORTING, ids=[named for _, named in _ASYNC_DISTORTING])
+def test_async_config_refuses_sampling_that_distorts_the_rollout_logps(tmp_path, settings, named):
+    """The rollout worker sends these to vLLM, whose sampling log-probs are then renormalised over the kept tokens
+    (or shifted): every ratio would start away from 1, and the async trainer has no trainer-side pass instead."""
+    from trl_bandpo.training.async_trainer import AsyncBandPOConfig, AsyncDGPOConfig, AsyncPolicyLossConfig
+
+    for config_class in (AsyncPolicyLossConfig, AsyncBandPOConfig, AsyncDGPOConfig):
+        with pytest.raises(ValueError) as error:
+            config_class(str(tmp_path), use_cpu=True, **settings)
+        assert named in str(error.value) and "sample without them" in str(error.value)
+
+
+def test_async_config_accepts_sampling_without_distortion(tmp_path):
+    from trl_bandpo.training.async_trainer import AsyncBandPOConfig
+
+    config = AsyncBandPOConfig(str(tmp_path), use_cpu=True, top_p=1.0, top_k=0, min_p=0.0, temperature=0.7)
+    assert (config.top_p, config.top_k, config.min_p, config.temperature) == (1.0, 0, 0.0, 0.7)
+
+
+def test_a_plain_async_grpo_config_with_top_p_is_refused_by_the_trainer(tiny_model_dir, tmp_path):
+    """A project's own AsyncGRPOConfig (no fields of ours) goes through the same check when the trainer takes it."""
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from trl_bandpo.training.async_trainer import AsyncBandPOTrainer
+
+    with pytest.raises(ValueError, match=r"top_p=0\.8"):
+        _build(AsyncBandPOTrainer, AsyncGRPOConfig, tiny_model_dir, tmp_path, top_p=0.8)
+
+
+@pytest.mark.parametrize(
+    "flags,named",
+    [(["--top_p", "0.8"], "top_p=0.8"), (["--top_k", "20"], "top_k=20"), (["--min_p", "0.05"], "min_p=0.05")],
+    ids=["top_p", "top_k", "min_p"],
+)
+def test_the_async_recipe_refuses_truncated_sampling(flags, named):
+    from pathlib import Path
+
+    from trl_bandpo.cli.recipe import ConfigError, parse_args
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "async" / "qwen2.5-3b-instruct_band-kl-0.05_async.yaml"
+    argv = ["--config", str(recipe), "--use_cpu", "true"]
+    assert parse_args(argv)[1].top_p == 1.0  # valid as it is
+    with pytest.raises(ConfigError) as error:
+        parse_args([*argv, *flags])
+    assert named in str(error.value)

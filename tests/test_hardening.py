@@ -229,8 +229,9 @@ def test_extreme_log_ratios_never_give_nan(name, dtype):
     assert loss.dtype in (torch.float32, torch.float64)
     assert not torch.isnan(loss).any(), loss
     assert not torch.isnan(logps.grad.float()).any(), logps.grad
-    assert torch.equal(loss[1], torch.zeros_like(loss[1]))
-    assert torch.equal(logps.grad[1], torch.zeros_like(logps.grad[1]))
+    if name != "ipo":  # prime-rl's KL term acts on A = 0 tokens too (docs/band-and-dppo.md)
+        assert torch.equal(loss[1], torch.zeros_like(loss[1]))
+        assert torch.equal(logps.grad[1], torch.zeros_like(logps.grad[1]))
     if name in ("clip", "band", "relaxed_band", "dcpo"):
         far = torch.tensor(LOG_RATIOS) >= 50.0  # far above every upper bound: clipped for A > 0
         assert torch.equal(logps.grad[0][far].float(), torch.zeros(int(far.sum())))

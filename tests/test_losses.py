@@ -55,6 +55,12 @@ def expected_bounds(name, p, hp):
     if name == "dppo_tv":  # |q - p| <= radius on each side, within the simplex [0, 1/p]
         low, high = (hp.get(k, hp.get("radius", 0.15)) for k in ("radius_low", "radius_high"))
         return max(0.0, 1 - low / p), min(1 / p, 1 + high / p)
+    if name == "ipo":  # prime-rl's thresholds on q - p, the same region as dppo_tv
+        low, high = hp.get("mask_low", 0.1), hp.get("mask_high", 0.1)
+        return max(0.0, 1 - low / p), min(1 / p, 1 + high / p)
+    if name in ("spo", "drpo"):  # where the weight changes sign: r = 1 +- eps (SPO), 1 +- eps / p (DRPO)
+        eps = hp.get("epsilon", 12.5) / (p if name == "drpo" else 1.0)
+        return max(0.0, 1 - eps), 1 + eps
     return 1 - hp.get("epsilon_low", 0.2), 1 + hp.get("epsilon_high", 0.2)
 
 
@@ -96,6 +102,11 @@ def expected_weight(name, r, a, lo, hi, hp):
     if name in ("dppo_tv", "dppo_kl"):  # masked where the token left the region on its advantage's side
         cap = hp.get("ratio_cap", 20.0)
         return 0.0 if reg in ("LN", "HP") else (r if cap is None else min(r, cap))
+    if name in ("spo", "drpo"):  # r (1 - sign(A) (r - 1) / eps_t), eps_t = upper - 1 (eps, or eps / p for DRPO)
+        return r * (1 - math.copysign(1.0, a) * (r - 1) / (hi - 1))
+    if name == "ipo":  # kept: adv_tau r; masked on both sides; plus the KL term's -2 kl_tau log r, divided by A
+        kl = -2 * hp.get("kl_tau", 1e-3) * math.log(r) / a
+        return kl + (hp.get("adv_tau", 1.0) * r if lo <= r <= hi else 0.0)
     if name in ("dgpo", "band_dgpo"):  # band_dgpo: the same decay outside the Band bounds (docs/extensions.md)
         n, m = hp.get("n", 1), hp.get("m", 2.0)
         if reg == "LN":
@@ -134,6 +145,11 @@ def expected_value(name, r, a, lo, hi, hp, pi, p):
         return -a * (r if cap is None else min(r, cap))
     if name in CLIPPED:
         return trl_clip_value(r, a, lo, hi, hp.get("delta"))
+    if name in ("spo", "drpo"):  # -A r + |A| (r - 1)^2 / (2 eps_t)
+        return -a * r + abs(a) * (r - 1) ** 2 / (2 * (hi - 1))
+    if name == "ipo":  # -adv_tau A r on kept tokens, kl_tau (log r)^2 on all
+        kept = hp.get("adv_tau", 1.0) * r if lo <= r <= hi else 0.0
+        return -a * kept + hp.get("kl_tau", 1e-3) * math.log(r) ** 2
     if name in ("dgpo", "band_dgpo"):
         return dgpo_surrogate_value(pi, p, a, lo, hi, hp.get("n", 1), hp.get("m", 2.0))
     # GPPO: the forward value equals clip's (docs/policy-losses.md); CE-GPPO and ASPO keep it too (losses.py's
@@ -166,6 +182,10 @@ HP_CASES = {
     "band_dgpo": [{}, {"n": 2, "m": 2.0}, {"n": 3, "m": 1.5}],
     "dppo_tv": [{}, {"ratio_cap": None}, {"ratio_cap": 1.1, "radius": 0.05}, {"radius_low": 0.05, "radius_high": 0.3}],
     "dppo_kl": [{}, {"ratio_cap": 1.1}, {"ratio_cap": None}],
+    # the authors' eps = 12.5 leaves no token of this grid outside the bounds (tests/test_drpo.py covers it)
+    "spo": [{"epsilon": 0.2}, {"epsilon": 0.5}],
+    "drpo": [{"epsilon": 0.05}, {"epsilon": 0.3}],
+    "ipo": [{}, {"mask_low": 0.05, "mask_high": 0.2}, {"kl_tau": 0.0}, {"kl_tau": 0.1, "adv_tau": 2.0}],
 }
 CASES = [(name, hp) for name in POLICY_LOSSES for hp in HP_CASES[name]]
 
@@ -230,6 +250,10 @@ def test_zero_advantage_gives_zero_loss_and_gradient(name):
     old = torch.log(torch.tensor([[0.08, 0.2, 0.5, 0.8, 0.95, 0.5, 0.5]], dtype=F64))
     logps = old + torch.log(torch.tensor([[0.1, 0.7, 1.0, 1.3, 4.0, 0.5, 30.0]], dtype=F64))
     loss, grad = run(name, logps, old, torch.zeros(1, 1, dtype=F64))
+    if name == "ipo":  # prime-rl's KL term acts on every token, whatever its advantage
+        log_r = logps - old
+        torch.testing.assert_close((loss, grad), (1e-3 * log_r**2, 2e-3 * log_r))
+        return
     assert torch.equal(loss.abs(), torch.zeros_like(loss))
     assert torch.equal(grad.abs(), torch.zeros_like(grad))
 
@@ -450,6 +474,9 @@ SAFETY_HP = {
     "band_dgpo": [{}, {"upper_max": None, "n": 2}],
     "dppo_tv": [{}, {"ratio_cap": None, "radius": 0.5}],
     "dppo_kl": [{}, {"ratio_cap": None}],
+    "spo": [{}, {"epsilon": 0.2}],
+    "drpo": [{}, {"epsilon": 0.05}],
+    "ipo": [{}, {"mask_low": 0.5, "mask_high": 0.5, "kl_tau": 1.0}],
 }
 
 
@@ -570,7 +597,7 @@ def test_unknown_name_raises_value_error_listing_names():
     for name in POLICY_LOSSES:
         assert name in str(info.value)
     builtin = {"clip", "band", "relaxed_band", "dgpo", "gppo", "ce_gppo", "aspo", "dcpo", "cispo", "band_dgpo"}
-    builtin |= {"dppo_tv", "dppo_kl"}
+    builtin |= {"dppo_tv", "dppo_kl", "spo", "drpo", "ipo"}
     assert set(POLICY_LOSSES) == builtin
 
 

@@ -289,3 +289,96 @@ def test_dynamic_sampling_rounds_keep_the_rollout_logps(tiny_model_dir, tmp_path
         if keep[row].any():  # a kept group's completion: exactly one of the engine's sequences
             old = output["old_per_token_logps"][row][keep[row]]
             assert any(torch.equal(old, seq) for seq in returned if len(seq) == len(old))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Sampling settings under which the engine's log-probs are not the model's (truncation, penalties, ...): refused
+# ------------------------------------------------------------------------------------------------------------------
+
+_ROLLOUT = dict(old_logps_source="rollout", use_vllm=True, vllm_importance_sampling_correction=False)
+# (settings, the name=value the error must give): TRL's fields, and the same keys in generation_kwargs, which
+# override the fields in TRL's vLLM generation.
+_DISTORTING = [
+    (dict(top_p=0.8), "top_p=0.8"),
+    (dict(top_k=20), "top_k=20"),
+    (dict(min_p=0.05), "min_p=0.05"),
+    (dict(generation_kwargs={"min_tokens": 16}), "generation_kwargs['min_tokens']=16"),
+    (dict(generation_kwargs={"top_p": 0.9}), "generation_kwargs['top_p']=0.9"),
+    (dict(generation_kwargs={"top_k": 5}), "generation_kwargs['top_k']=5"),
+    (dict(generation_kwargs={"min_p": 0.1}), "generation_kwargs['min_p']=0.1"),
+    (dict(top_p=1.0, generation_kwargs={"top_p": 0.95}), "generation_kwargs['top_p']=0.95"),
+    (dict(repetition_penalty=1.1), "repetition_penalty=1.1"),
+    (dict(generation_kwargs={"presence_penalty": 0.5}), "generation_kwargs['presence_penalty']=0.5"),
+    (dict(generation_kwargs={"logit_bias": {"5": 2.0}}), "generation_kwargs['logit_bias']={'5': 2.0}"),
+    (dict(generation_kwargs={"temperature": 0.7}), "generation_kwargs['temperature']=0.7"),
+]
+
+
+@pytest.mark.parametrize("settings,named", _DISTORTING, ids=[named for _, named in _DISTORTING])
+def test_rollout_refuses_sampling_that_distorts_the_engines_logps(tmp_path, settings, named):
+    """vLLM's sampling log-probs are renormalised over what top-p / top-k / min-p / min_tokens keep (or shifted by
+    penalties, biases, another temperature): every ratio would start away from 1. Refused, naming the setting and
+    the alternative; the same settings with the trainer's old-policy pass are accepted."""
+    with pytest.raises(ValueError) as error:
+        _config(tmp_path, **_ROLLOUT, **settings)
+    message = str(error.value)
+    assert "old_logps_source='rollout'" in message and named in message
+    assert "old_logps_source='trainer'" in message  # the alternative
+    config = _config(tmp_path, **{**_ROLLOUT, "old_logps_source": "trainer"}, **settings)
+    assert config.old_logps_source == "trainer"
+
+
+def test_rollout_names_every_distorting_setting_at_once(tmp_path):
+    with pytest.raises(ValueError) as error:
+        _config(tmp_path, **_ROLLOUT, top_p=0.8, top_k=40, generation_kwargs={"min_tokens": 4})
+    for named in ("top_p=0.8", "top_k=40", "generation_kwargs['min_tokens']=4"):
+        assert named in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0),
+        dict(min_p=0.0),
+        dict(generation_kwargs={"top_k": -1, "min_tokens": 0, "max_tokens": 8, "seed": 3}),
+        dict(top_p=0.8, generation_kwargs={"top_p": 1.0}),  # the engine samples with generation_kwargs' top_p
+        dict(temperature=0.7, generation_kwargs={"temperature": 0.7}),  # the trainer divides by the same
+        dict(generation_kwargs='{"top_k": 0}'),  # a JSON string, as on a command line
+    ],
+    ids=["neutral_fields", "min_p_zero", "neutral_generation_kwargs", "overridden_top_p", "same_temperature", "json"],
+)
+def test_rollout_accepts_sampling_without_distortion(tmp_path, settings):
+    assert _config(tmp_path, **_ROLLOUT, **settings).old_logps_source == "rollout"
+
+
+@pytest.mark.parametrize(
+    "flags,named",
+    [
+        (["--top_p", "0.8"], "top_p=0.8"),
+        (["--top_k", "20"], "top_k=20"),
+        (["--min_p", "0.05"], "min_p=0.05"),
+        (["--generation_kwargs", '{"min_tokens": 16}'], "generation_kwargs['min_tokens']=16"),
+    ],
+    ids=["top_p", "top_k", "min_p", "min_tokens"],
+)
+def test_a_recipe_with_rollout_logps_refuses_truncated_sampling(tmp_path, flags, named):
+    """A paper recipe with its `old_logps_source: rollout` line uncommented (a valid run, tests/test_recipes.py) and
+    one truncating sampling setting: `trl-bandpo train` stops while reading it, naming the setting."""
+    from pathlib import Path
+
+    from trl_bandpo.cli.recipe import ConfigError, parse_args
+
+    source = Path(__file__).resolve().parents[1] / "recipes" / "bandpo" / "qwen2.5-3b-instruct_band-kl-0.05.yaml"
+    recipe = tmp_path / source.name
+    text = source.read_text()
+    assert text.count("# old_logps_source: rollout  #") == 1 and "\ntop_p: 1.0\n" in text
+    recipe.write_text(text.replace("# old_logps_source: rollout  #", "old_logps_source: rollout  #"))
+    argv = ["--config", str(recipe), "--use_cpu", "true"]
+    assert parse_args(argv)[1].old_logps_source == "rollout"  # valid as it is
+    with pytest.raises(ConfigError) as error:
+        parse_args([*argv, *flags])
+    assert named in str(error.value) and "old_logps_source='trainer'" in str(error.value)
+    # in the recipe itself rather than on the command line
+    recipe.write_text(recipe.read_text().replace("\ntop_p: 1.0\n", "\ntop_p: 0.8\n"))
+    with pytest.raises(ConfigError, match="top_p=0.8"):
+        parse_args(argv)

@@ -69,6 +69,8 @@ METHODS = {
     "dgpo": ("dgpo", None),
     "dppo-tv-0.15": ("dppo_tv", None),  # DPPO-Binary in BandPO's setting (docs/band-and-dppo.md)
     "dppo-kl-0.05": ("dppo_kl", None),
+    "drpo": ("drpo", None),  # DRPO and SPO in BandPO's setting, the DRPO authors' epsilon (docs/policy-losses.md)
+    "spo": ("spo", None),
 }
 DEFAULT_LOSS_TYPE = {"bandpo": "grpo", "dgpo": "dapo", "lora": "grpo"}
 # Keys allowed to differ between the recipes of one (folder, model): the policy loss and the run's name.
@@ -77,6 +79,7 @@ POLICY_KEYS = {
     "delta", "loss_type", "dgpo_n", "dgpo_m", "ce_gppo_beta1", "ce_gppo_beta2", "aspo_c_pos", "aspo_c_neg",
     "output_dir", "run_name", "band_radius_by", "band_radius_exponent", "band_radius_min", "band_radius_max",
     "dynamic_sampling", "dynamic_sampling_max_rounds", "dppo_tv_radius", "dppo_kl_radius", "dppo_ratio_cap",
+    "drpo_epsilon", "spo_epsilon",
 }  # fmt: skip
 
 
@@ -122,6 +125,8 @@ def test_recipe_set_is_complete():
             "dcpo",
             "dppo-tv-0.15",
             "dppo-kl-0.05",
+            "drpo",
+            "spo",
         ):
             assert f"bandpo/{model}_{method}.yaml" in names
         assert f"bandpo/{model}_band-kl-0.05_vllm-server.yaml" in names
@@ -133,7 +138,7 @@ def test_recipe_set_is_complete():
             assert f"dgpo/{model}_{method}.yaml" in names
         assert f"dgpo/{model}_dgpo_vllm-server.yaml" in names
     for model in ("qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct"):
-        for method in ("grpo", "band-kl-0.05", "dgpo", "dppo-tv-0.15", "dppo-kl-0.05"):
+        for method in ("grpo", "band-kl-0.05", "dgpo", "dppo-tv-0.15", "dppo-kl-0.05", "drpo", "spo"):
             assert f"lora/{model}_{method}.yaml" in names
     assert (RECIPES / "README.md").is_file()
 
@@ -174,6 +179,8 @@ def test_recipe_parses_and_matches_its_paper(path):
     if dppo:  # the DPPO authors' radius and C = 10,000 (truncation effectively off)
         assert getattr(args, f"dppo_{dppo.group(1)}_radius") == float(dppo.group(2))
         assert args.dppo_ratio_cap == 10000.0 and (args.dppo_radius_low, args.dppo_radius_high) == (None, None)
+    if method in ("drpo", "spo"):  # the DRPO authors' threshold for both (UniRL's drpo_epsilon)
+        assert getattr(args, f"{method}_epsilon") == 12.5
     if method in ("adaptive-band-kl-0.05", "band-dgpo-kl-0.05", "dynamic-band-kl-0.05"):
         assert "Extension beyond both papers (docs/extensions.md)" in header
 
@@ -229,7 +236,8 @@ def test_recipe_parses_and_matches_its_paper(path):
         assert (script_args.prompt_template, script_args.reward) == ("dapo", "dapo")
         assert script_args.max_prompt_tokens == 1024
         assert args.learning_rate == 1e-6 and args.beta == 0.001
-        assert args.delta == (None if method == "band-dgpo-kl-0.05" or method.startswith("dppo-") else 10.0)
+        no_dual_clip = method == "band-dgpo-kl-0.05" or method.startswith("dppo-") or method in ("drpo", "spo")
+        assert args.delta == (None if no_dual_clip else 10.0)
         assert args.use_bias_correction_kl is False
         assert args.max_completion_length == 4096
         assert (args.adam_beta1, args.adam_beta2, args.weight_decay) == (0.9, 0.999, 0.01)
@@ -261,8 +269,8 @@ def test_recipe_parses_and_matches_its_paper(path):
         assert args.use_vllm
         assert args.vllm_mode == ("server" if server else "colocate")
     if server:
-        serve = re.search(r"trl vllm-serve --model (\S+) --tensor-parallel-size (\d+)", header)
-        assert serve, "a server recipe gives the exact `trl vllm-serve` command"
+        serve = re.search(r"VLLM_SERVER_DEV_MODE=1 vllm serve (\S+) --tensor-parallel-size (\d+)", header)
+        assert serve, "a server recipe gives the exact `vllm serve` command"
         assert serve.group(1) == model_args.model_name_or_path
         assert "--max-model-len" in header
 
@@ -410,12 +418,12 @@ def test_accelerate_configs_are_the_expected_set():
 
 @pytest.mark.parametrize("path", [p for p in RECIPE_FILES if p.stem.endswith("_vllm-server")], ids=lambda p: p.stem)
 def test_server_header_describes_the_parallelism_its_command_starts(path):
-    """The header's 'tensor parallel N' / 'data parallel M' are the sizes its `trl vllm-serve` command passes."""
+    """The header's 'tensor parallel N' / 'data parallel M' are the sizes its `vllm serve` command passes."""
     header = " ".join(line.lstrip("#").strip() for line in _header(path).splitlines())
-    command = re.search(r"trl vllm-serve .*", header).group(0)
+    command = re.search(r"vllm serve .*", header).group(0)
     tp = int(re.search(r"--tensor-parallel-size (\d+)", command).group(1))
     dp = int(re.search(r"--data-parallel-size (\d+)", command).group(1)) if "--data-parallel-size" in command else 1
-    described = header[: header.index("trl vllm-serve")]
+    described = header[: header.index("vllm serve")]
     assert re.findall(r"tensor parallel (\d+)", described) == [str(tp)]
     assert re.findall(r"data parallel (\d+)", described) in ([], [str(dp)])
 
@@ -451,7 +459,7 @@ def test_async_recipe_set():
 def test_async_recipe_is_its_synchronous_recipe_on_the_async_trainer(path):
     """Parsed into the async config, with every key it shares with the synchronous BandPO recipe of its model that
     generates on a server (`_vllm-server`: the same 4 training GPUs) set to the same value; the header launches this
-    file on FSDP2 next to a `trl vllm-serve` in the trainer's dtype, with the paper's mini-batch per optimizer step."""
+    file on FSDP2 next to a `vllm serve` in the trainer's dtype, with the paper's mini-batch per optimizer step."""
     from trl_bandpo.training.async_trainer import AsyncPolicyLossConfig
 
     script_args, args, model_args = _parse(path)
@@ -480,10 +488,10 @@ def test_async_recipe_is_its_synchronous_recipe_on_the_async_trainer(path):
     assert f"--config recipes/{path.relative_to(RECIPES)}" in header
     assert "--config_file accelerate_configs/fsdp2.yaml" in header  # AsyncGRPOTrainer runs on FSDP2
     num_processes = _launch_processes(header)
-    serve = re.search(r"trl vllm-serve --model (\S+) .*--max-model-len (\d+) --dtype (\S+)", header)
+    serve = re.search(r"VLLM_SERVER_DEV_MODE=1 vllm serve (\S+) .*--max-model-len (\d+) --dtype (\S+)", header)
     assert serve and serve.group(1) == model_args.model_name_or_path and serve.group(3) == args.dtype
     assert int(serve.group(2)) >= script_args.max_prompt_tokens + args.max_completion_length
-    assert args.vllm_server_base_url == "http://127.0.0.1:8000"  # trl vllm-serve's default port
+    assert args.vllm_server_base_url == "http://127.0.0.1:8000"  # vllm serve's default port
     _, samples, mini_batch = PAPER_BATCH["bandpo"]
     assert args.token_budget == 0  # a fixed count of samples per micro-batch
     assert args.per_device_train_batch_size * num_processes * args.gradient_accumulation_steps == mini_batch * samples

@@ -1,30 +1,12 @@
-"""The Band operator of BandPO: per-token ratio bounds from an f-divergence trust region.
+"""The Band operator of BandPO: per-token ratio bounds from an f-divergence trust region (docs/band-operator.md).
 
-BandPO (https://arxiv.org/abs/2603.04918) replaces PPO's fixed clip interval `[1 - eps_low, 1 + eps_high]` by the
-interval of ratios `r = pi / pi_old` that one token can move to while the whole distribution stays inside
-`D_f(pi_old || pi) <= delta`. With the rest of the mass rescaled uniformly (the worst case), the constraint for a
-token with old probability `p` becomes one scalar equation in `r` (docs/band-operator.md, "The scalar constraint"):
+For a token of old probability `p`, the rest of the mass rescaled uniformly, the trust region becomes
 
     g_f(p, r) = p * f(r) + (1 - p) * f(c(r)) = delta,     c(r) = (1 - r * p) / (1 - p)
 
-`lower(p)` is its root in `[0, 1)`, `upper(p)` its root in `(1, 1/p]`; where `g_f` stays below `delta` up to the
-simplex limit, the bound saturates at `0` or `1/p`.
-
-Solvers (in `trl_bandpo.core.band_solvers`; all vectorised, none synchronises with the host):
-- "kl": safeguarded Newton in log space, exact to float64 precision in `KL_NEWTON_STEPS[dtype]` steps (see
-  `_solve_binary_kl_lower`);
-- "tv", "chi2": closed forms;
-- every other generator ("reverse_kl", "hellinger", "js" or a user callable): fixed-count bracketed bisection.
-
-`radius` is one float for every token or a tensor of per-token radii broadcastable to `old_logps`
-(docs/band-operator.md, "Per-token radius"): a tensor is checked by its metadata only (`check_radius_tensor`), never
-by reading its values, and an element that is not a finite number > 0 gives NaN bounds at its positions only.
-`band_bounds` checks its arguments at each call (`check_band_arguments`); `solve_band` is the same operator without
-the checks, for the loss registry, whose hyper-parameters their owner checked once.
-
-Accelerated solvers (the Triton kernel) live in `trl_bandpo.kernels`, which imports this module and registers
-itself with `register_kernel_solver`; this module never imports the kernels. `band_bounds(..., solver="auto")`
-uses a registered kernel wherever it can run and the torch solvers elsewhere.
+`lower(p)` is its root in `[0, 1)`, `upper(p)` its root in `(1, 1/p]` (saturating at `0` or `1/p`). The torch solvers
+are in `band_solvers`; accelerated ones (the Triton kernel) register in `kernel_registry`, so this module never
+imports the kernels. `band_bounds` checks its arguments at each call; `solve_band` is the same operator without them.
 """
 
 from __future__ import annotations
@@ -34,84 +16,32 @@ from collections.abc import Callable
 
 import torch
 
-from .band_solvers import KL_NEWTON_STEPS, Radius, chi2_half_width, closed_form_bounds, generic_bounds, kl_bounds
+from .band_solvers import Radius, chi2_half_width, closed_form_bounds, generic_bounds, kl_bounds
 from .checks import Choice, Number
-from .kernel_registry import KERNEL_SOLVERS, SOLVERS, KernelSolver, register_kernel_solver
-
-__all__ = [
-    "DIVERGENCES",
-    "GENERATORS",
-    "KL_NEWTON_STEPS",
-    "RADIUS",
-    "SOLVER",
-    "SOLVERS",
-    "UPPER_MAX",
-    "KernelSolver",
-    "band_bounds",
-    "check_band_arguments",
-    "check_divergence",
-    "check_floating_tensor",
-    "check_radius_tensor",
-    "check_relax",
-    "register_divergence",
-    "register_kernel_solver",
-    "solve_band",
-    "solver_unavailable_reason",
-]
-
-
-def _kl_generator(u: torch.Tensor) -> torch.Tensor:
-    return u - 1 - torch.log(u)
-
-
-def _reverse_kl_generator(u: torch.Tensor) -> torch.Tensor:
-    return torch.xlogy(u, u) - u + 1
-
-
-def _hellinger_generator(u: torch.Tensor) -> torch.Tensor:
-    return (torch.sqrt(u) - 1) ** 2
-
-
-def _js_generator(u: torch.Tensor) -> torch.Tensor:
-    # f(u) = u/2 log(2u / (1 + u)) + 1/2 log(2 / (1 + u)), the Jensen-Shannon generator.
-    return 0.5 * (torch.xlogy(u, 2 * u / (1 + u)) + torch.log(2 / (1 + u)))
-
-
-def _tv_generator(u: torch.Tensor) -> torch.Tensor:
-    return 0.5 * torch.abs(u - 1)
-
-
-def _chi2_generator(u: torch.Tensor) -> torch.Tensor:
-    return (u - 1) ** 2
-
+from .kernel_registry import KERNEL_SOLVERS, SOLVERS
 
 #: Convex generators `f(u)` (with `f(1) = 0`) of the divergences `band_bounds` knows by name (`register_divergence`
 #: adds more).
 GENERATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "kl": _kl_generator,
-    "tv": _tv_generator,
-    "chi2": _chi2_generator,
-    "reverse_kl": _reverse_kl_generator,
-    "hellinger": _hellinger_generator,
-    "js": _js_generator,
+    "kl": lambda u: u - 1 - torch.log(u),
+    "tv": lambda u: 0.5 * torch.abs(u - 1),
+    "chi2": lambda u: (u - 1) ** 2,
+    "reverse_kl": lambda u: torch.xlogy(u, u) - u + 1,
+    "hellinger": lambda u: (torch.sqrt(u) - 1) ** 2,
+    # Jensen-Shannon: f(u) = u/2 log(2u / (1 + u)) + 1/2 log(2 / (1 + u))
+    "js": lambda u: 0.5 * (torch.xlogy(u, 2 * u / (1 + u)) + torch.log(2 / (1 + u))),
 }
 #: The built-in divergence names.
 DIVERGENCES = tuple(GENERATORS)
 
-#: Beyond this KL radius every bound is at its simplex limit to float64 precision: the lower root is below
-#: `e^-radius` (docs/band-operator.md, "Solver and error bound"), which underflows to 0, and the upper one is `1/p`.
-#: `band_bounds` solves larger radii with this one, so they cannot overflow the float32 solver into NaN.
+#: Beyond this KL radius every bound is at its simplex limit to float64 precision (docs/band-operator.md, "Solver and
+#: error bound"); larger radii are solved with this one, so they cannot overflow the float32 solver into NaN.
 KL_SATURATION_RADIUS = 1e3
 
 
 def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
     """The dtype the bounds are solved and returned in: float64 for float64 input, float32 for every other dtype."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Accelerated solvers, registered by `trl_bandpo.kernels` (dependency inversion: this module never imports them)
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def solver_unavailable_reason(solver: str, divergence: str | Callable, device: torch.device | str) -> str | None:
@@ -146,12 +76,18 @@ SOLVER = Choice(SOLVERS)
 RELAX_LOW, RELAX_HIGH = Number(low=0, high=1, high_open=True), Number(low=0)
 
 
+def broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
+    """Whether a tensor of `shape` broadcasts to `target` (without growing it)."""
+    try:
+        return torch.broadcast_shapes(shape, target) == target
+    except RuntimeError:
+        return False
+
+
 def check_radius_tensor(value, like: torch.Tensor, field: str = "radius") -> torch.Tensor:
     """`value` if it is a tensor of radii `band_bounds` accepts for `old_logps = like`, else a `ValueError` naming
-    `field`: floating point, not requiring grad, on `like`'s device, broadcastable to `like.shape` (for `(B, T)`
-    log-probs e.g. `(B, T)`, `(B, 1)` or 0-d). Metadata only: nothing synchronises with a GPU. The values are judged
-    elementwise by the solvers: NaN, infinite or <= 0 gives NaN bounds where it applies (docs/band-operator.md,
-    "Per-token radius")."""
+    `field`: floating point, not requiring grad, on `like`'s device, broadcastable to `like.shape`. Metadata only (no
+    GPU synchronisation): the solvers give NaN bounds where a value is NaN, infinite or <= 0."""
     if not torch.is_tensor(value):
         raise ValueError(f"{field} must be a tensor here, got {type(value).__name__}.")
     if not value.is_floating_point():
@@ -160,11 +96,7 @@ def check_radius_tensor(value, like: torch.Tensor, field: str = "radius") -> tor
         raise ValueError(f"{field} must not require grad (the Band bounds are not differentiated): detach it.")
     if value.device != like.device:
         raise ValueError(f"{field} must be on the device of old_logps ({like.device}), got {value.device}.")
-    try:
-        broadcasts = torch.broadcast_shapes(value.shape, like.shape) == like.shape
-    except RuntimeError:
-        broadcasts = False
-    if not broadcasts:
+    if not broadcasts_to(value.shape, like.shape):
         raise ValueError(
             f"{field} of shape {tuple(value.shape)} does not broadcast to the shape {tuple(like.shape)} of old_logps."
         )
@@ -181,8 +113,7 @@ def check_divergence(value, field: str = "divergence"):
 
 def register_divergence(name: str, generator: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Make a convex generator `f` (elementwise on float64 tensors, `f(1) = 0`) usable by name, e.g. as the
-    config's `band_divergence` (a name, unlike a function, survives checkpointing and multi-process launch).
-    Its bounds are solved by bisection."""
+    config's `band_divergence`. Its bounds are solved by bisection."""
     if not isinstance(name, str) or not name.isidentifier() or name in GENERATORS:
         raise ValueError(f"divergence name must be a new identifier (not one of {list(GENERATORS)}), got {name!r}.")
     if not callable(generator):
@@ -201,8 +132,8 @@ def check_relax(value, field: str = "relax") -> tuple[float, float] | None:
 
 
 def check_band_arguments(old_logps, radius, divergence, solver="auto", upper_max=None, relax=None):
-    """`band_bounds`' arguments checked (a `ValueError` naming the first bad one) and normalised:
-    `(radius, upper_max, relax)`. A tensor `radius` is checked by its metadata only (`check_radius_tensor`)."""
+    """`band_bounds`' arguments checked (a `ValueError` naming the first bad one), returns the normalised
+    `(radius, upper_max, relax)`."""
     check_floating_tensor(old_logps, "old_logps")
     radius = check_radius_tensor(radius, old_logps) if torch.is_tensor(radius) else RADIUS(radius, "radius")
     check_divergence(divergence)
@@ -237,19 +168,17 @@ def band_bounds(
         old_logps (`torch.Tensor`, any shape, any float dtype): `log pi_old(a|s)` of the sampled tokens. `0` (p = 1),
             `-inf` (p = 0) and positive values (treated as p = 1) give finite bounds; NaN gives NaN.
         radius (`float` or `torch.Tensor`, defaults to `0.05`): the trust-region radius `delta`: one number, or a
-            floating tensor of per-token radii broadcastable to `old_logps` (e.g. `(B, T)`, `(B, 1)` or 0-d) on its
-            device, not requiring grad (docs/band-operator.md, "Per-token radius"). Each element's bounds are those
-            of a call with that element's radius; an element that is NaN, infinite or <= 0 gives NaN bounds where
-            it applies and nowhere else (checked on the device, without synchronising).
+            floating tensor of per-token radii broadcastable to `old_logps` on its device, not requiring grad
+            (docs/band-operator.md, "Per-token radius"); an element that is NaN, infinite or <= 0 gives NaN bounds
+            where it applies.
         divergence (`str` or callable, defaults to `"kl"`): one of `DIVERGENCES`, or a convex generator `f` acting
             elementwise on float64 tensors with `f(1) = 0`.
         solver (`str`, defaults to `"auto"`): `"torch"`, `"triton"` (KL on CUDA tensors only) or `"auto"` (Triton
             where it can run, torch elsewhere).
         upper_max (`float`, *optional*): cap on the upper bound (the BandPO authors trained with 10). `None` keeps
             only the simplex limit `1/p`.
-        relax (`tuple[float, float]`, *optional*): `(eps_low, eps_high)` for the Relaxed-Band baseline, the union
-            with the clip interval: `lower = min(lower, 1 - eps_low)`, `upper = max(upper, 1 + eps_high)`, applied
-            after the cap.
+        relax (`tuple[float, float]`, *optional*): `(eps_low, eps_high)` for the Relaxed Band, the union with the
+            clip interval after the cap: `lower = min(lower, 1 - eps_low)`, `upper = max(upper, 1 + eps_high)`.
 
     Returns:
         `(lower, upper)`: two tensors shaped like `old_logps`, float32 (float64 for float64 input), with
@@ -260,8 +189,7 @@ def band_bounds(
 
 
 def solve_band(old_logps, radius, divergence="kl", *, solver="auto", upper_max=None, relax=None):
-    """`band_bounds` without its argument checks, for callers whose arguments their owner already checked (the
-    loss registry's Band hyper-parameters, checked once by the config or by `policy_loss`)."""
+    """`band_bounds` without its argument checks, for arguments their owner already checked (the loss registry)."""
     per_token = torch.is_tensor(radius)
     if not per_token and divergence == "kl":
         radius = min(radius, KL_SATURATION_RADIUS)  # same bounds to float precision, no overflow in float32
@@ -294,12 +222,15 @@ def solve_band(old_logps, radius, divergence="kl", *, solver="auto", upper_max=N
             lower, upper = lower.to(compute_dtype), upper.to(compute_dtype)
         if valid is not None:  # NaN where the radius is bad; the cap and the union below keep NaN
             lower, upper = torch.where(valid, lower, math.nan), torch.where(valid, upper, math.nan)
-        return _cap_and_relax(lower, upper, upper_max, relax)
+        upper = upper.clamp(max=torch.finfo(upper.dtype).max if upper_max is None else float(upper_max))
+        if relax is not None:
+            lower, upper = lower.clamp(max=1.0 - float(relax[0])), upper.clamp(min=1.0 + float(relax[1]))
+        return lower, upper
 
 
 def _solver_radius(radius: torch.Tensor, divergence, compute_dtype: torch.dtype, shape: torch.Size):
-    """`(radius, valid)`: per-token radii as the torch solvers take them (in the dtype they solve in, as a float is;
-    KL clamped at `KL_SATURATION_RADIUS`; bad elements replaced by 1), and where they are finite and > 0."""
+    """`(radius, valid)`: per-token radii as the torch solvers take them (in their dtype, KL clamped at
+    `KL_SATURATION_RADIUS`, bad elements replaced by 1), and where they are finite and > 0."""
     valid = torch.isfinite(radius) & (radius > 0)
     dtype = compute_dtype if divergence in ("kl", "tv", "chi2") else torch.float64
     radius = torch.where(valid, radius.detach().to(dtype), 1.0)
@@ -307,12 +238,3 @@ def _solver_radius(radius: torch.Tensor, divergence, compute_dtype: torch.dtype,
         radius = radius.clamp(max=KL_SATURATION_RADIUS)
         radius = radius.reshape(()) if radius.numel() == 1 else radius.expand(shape)  # as `kl_bounds` takes it
     return radius, valid
-
-
-def _cap_and_relax(lower, upper, upper_max, relax):
-    cap = torch.finfo(upper.dtype).max if upper_max is None else float(upper_max)
-    upper = upper.clamp(max=cap)
-    if relax is not None:
-        lower = lower.clamp(max=1.0 - float(relax[0]))
-        upper = upper.clamp(min=1.0 + float(relax[1]))
-    return lower, upper

@@ -1,14 +1,9 @@
-"""The torch solvers of the Band bounds: safeguarded Newton for KL, closed forms for TV and chi-square, bisection
-for any other generator (docs/band-operator.md, "Solver and error bound").
+"""The torch solvers of the Band bounds (docs/band-operator.md, "Solver and error bound"): safeguarded Newton for KL,
+closed forms for TV and chi-square, bisection for any other generator. All are vectorised with a fixed number of
+steps (no host synchronisation); `trl_bandpo.core.band.band_bounds` is the entry point.
 
-All are vectorised and take a fixed number of steps: none synchronises with the host.
-`trl_bandpo.core.band.band_bounds` is the entry point; the Triton kernels (`trl_bandpo.kernels`) implement the KL
-solver with the same steps.
-
-`radius` is a Python float or a tensor of radii (docs/band-operator.md, "Per-token radius"): for `closed_form_bounds`
-and `generic_bounds` any shape that broadcasts with `logp`; for `kl_bounds` 0-d or shaped like `logp`. A tensor
-arrives validated (finite, > 0) and in the dtype the solver computes in; a float takes exactly the float arithmetic of
-before, so scalar results do not change.
+`radius` is a float or a tensor of radii, validated (finite, > 0) and in the compute dtype: for `kl_bounds` 0-d or
+shaped like `logp`, for the others any shape that broadcasts with `logp`.
 """
 
 from __future__ import annotations
@@ -19,15 +14,11 @@ from typing import Union
 
 import torch
 
-__all__ = ["KL_NEWTON_STEPS", "chi2_half_width", "closed_form_bounds", "generic_bounds", "kl_bounds"]
-
 #: A trust-region radius: one float for every token, or a tensor of per-token radii.
 Radius = Union[float, torch.Tensor]
 
-# Newton steps of the KL solver, per compute dtype (the Triton kernels use the same counts). From its start point
-# the relative error after 3 steps was at most 1e-7 (at delta = 1e-3; 1e-8 at 0.05) and at float64 round-off after
-# 4, over p in [1e-12, 1 - 1e-12] and delta in [1e-3, 5]: 3 steps meet the float32 accuracy target, 4 give float64
-# full precision (docs/band-operator.md, "Solver and error bound"). tests/test_band.py checks both.
+# Newton steps of the KL solver per compute dtype (the Triton kernels use the same): 3 meet the float32 accuracy
+# target, 4 give float64 full precision (docs/band-operator.md, "Solver and error bound"; tests/test_band.py).
 KL_NEWTON_STEPS = {torch.float32: 3, torch.float64: 4}
 # Bisection steps of the generic solver: 2^-60 of the bracket, far below float32 resolution and at the float64 target.
 _BISECTION_STEPS = 60
@@ -44,7 +35,7 @@ def chi2_half_width(logp: torch.Tensor, radius: Radius) -> torch.Tensor:
     """chi-square's `w = sqrt(delta (1 - p) / p)`, exactly 0 at `p = 1` whatever `delta`: a radius that overflows
     the compute dtype (inf) would otherwise make `inf * 0 = NaN` there. NaN `logp` stays NaN."""
     one_minus_p = -torch.expm1(logp)
-    width = torch.sqrt(radius * one_minus_p / torch.exp(logp))  # the arithmetic of before, bit for bit
+    width = torch.sqrt(radius * one_minus_p / torch.exp(logp))
     return torch.where(one_minus_p == 0, torch.zeros_like(width), width)
 
 
@@ -54,9 +45,8 @@ _CPU_CHUNK = 1 << 16
 
 
 def kl_bounds(logp: torch.Tensor, radius: Radius):
-    """KL bounds as flat tensors (see `_kl_bounds_flat`), in cache-sized chunks on CPU.
-
-    `radius`: a float, or a tensor that is 0-d (one radius) or shaped like `logp` (one radius per element)."""
+    """KL bounds as flat tensors (see `_kl_bounds_flat`), in cache-sized chunks on CPU; `radius` a float, or a
+    tensor 0-d or shaped like `logp`."""
     logp = logp.reshape(-1)
     per_element = torch.is_tensor(radius) and radius.dim() > 0
     if per_element:
@@ -131,9 +121,8 @@ def generic_bounds(logp: torch.Tensor, radius: Radius, f: Callable[[torch.Tensor
     p = torch.exp(logp)
     one_minus_p = -torch.expm1(logp)
 
-    # At p = 1 the second term of g is (1 - r) * lim_{u->inf} f(u)/u, not 0 (e.g. KL: lower -> e^-delta,
-    # BandPO Appendix 9.4);
-    # flooring 1 - p at `tiny` evaluates that limit instead of 0 * f(0/0).
+    # At p = 1 the second term of g is (1 - r) * lim_{u->inf} f(u)/u, not 0 (KL: lower -> e^-delta, BandPO Appendix
+    # 9.4): flooring 1 - p at `tiny` evaluates that limit instead of 0 * f(0/0).
     one_minus_p = one_minus_p.clamp(min=tiny)
 
     def excess(r: torch.Tensor) -> torch.Tensor:  # g_f(p, r) - radius

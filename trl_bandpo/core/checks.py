@@ -1,18 +1,8 @@
-"""The checks every setting goes through, and the one message they speak.
+"""The checks every setting goes through (`Number`, `Integer`, `Choice`, `Flag`), and the one message they speak.
 
-A check is called as ``check(value, field)``: it returns the value normalised (a `float` for a number, an `int`
-for an integer, `None` for an optional setting given as None or as the word "none"/"null") or raises
-``ValueError("<field> must be <what is allowed>, got <value>.")``. Each setting is checked once, by its owner (the
-config field that declares it, the loss hyper-parameter that reads it, the argument of a public function), with one
-of these:
-
-- `Number`: a finite real number (Python or NumPy, never a bool) within optional bounds;
-- `Integer`: an integral number within optional bounds;
-- `Choice`: one of a fixed set of values;
-- `Flag`: ``True`` or ``False``.
-
-Each takes ``optional=True`` for settings where None is allowed; YAML files and command lines write None as "none"
-or "null" (`none_word`).
+A check is called as ``check(value, field)``: it returns the value normalised (a `float` for a number, an `int` for
+an integer, `None` for an optional setting given as None or as the word "none"/"null") or raises
+``ValueError("<field> must be <what is allowed>, got <value>.")``.
 """
 
 from __future__ import annotations
@@ -21,8 +11,6 @@ import math
 import numbers
 from dataclasses import dataclass
 from typing import Any
-
-__all__ = ["NONE_WORDS", "Choice", "Flag", "Integer", "Number", "is_number", "none_word", "refuse", "shown"]
 
 #: How YAML files and command lines spell None.
 NONE_WORDS = ("none", "null")
@@ -51,10 +39,6 @@ def shown(value: Any) -> str:
 def refuse(field: str, allowed: str, value: Any) -> None:
     """Raise the one message of this package: ``<field> must be <allowed>, got <value>.``"""
     raise ValueError(f"{field} must be {allowed}, got {shown(value)}.")
-
-
-def _limit(value: float) -> str:
-    return f"{value:g}"
 
 
 class _Check:
@@ -101,12 +85,12 @@ class Number(_Check):
     def _describe(self) -> str:
         if self.low is not None and self.high is not None:
             left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
-            return f"a number in {left}{_limit(self.low)}, {_limit(self.high)}{right}"
+            return f"a number in {left}{self.low:g}, {self.high:g}{right}"
         kind = "a finite number" if self.finite else "a number"
         if self.low is not None:
-            return f"{kind} {'>' if self.low_open else '>='} {_limit(self.low)}"
+            return f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
         if self.high is not None:
-            return f"{kind} {'<' if self.high_open else '<='} {_limit(self.high)}"
+            return f"{kind} {'<' if self.high_open else '<='} {self.high:g}"
         return kind
 
 

@@ -1,13 +1,10 @@
-"""The registry of accelerated Band solvers (dependency inversion: `trl_bandpo.kernels` registers its Triton kernel
-here, and `trl_bandpo.core.band` looks it up; the core never imports the kernels). Free of torch, so the package
-registers its kernel when it is imported without loading torch."""
+"""The registry of accelerated Band solvers: `trl_bandpo.kernels` registers its Triton kernel here and
+`trl_bandpo.core.band` looks it up, so the core never imports the kernels. Free of torch."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-
-__all__ = ["KERNEL_SOLVERS", "SOLVERS", "KernelSolver", "register_kernel_solver"]
 
 #: Values of `band_bounds(..., solver=...)`: "auto" picks a registered kernel where it can run, else "torch".
 SOLVERS = ("auto", "torch", "triton")

@@ -1,10 +1,6 @@
-"""The policy-loss registry: how a loss declares its hyper-parameters, and the one-call entry point.
-
-A loss is recorded once as a `PolicyLossSpec` (`register_policy_loss`): its bounds and loss functions, each
-hyper-parameter (`Hyperparameter`) with the config field it is read from and its check, and optional extra metrics and
-checks. `trl_bandpo.core.losses` registers the built-in losses; the configs and trainers read only this registry
-(docs/adding-a-policy-loss.md). `policy_loss(name, logps, old_logps, advantages, **hyperparameters)` runs any of them
-on tensors.
+"""The policy-loss registry (docs/adding-a-policy-loss.md): each loss is one `PolicyLossSpec` (its bounds and loss
+functions, its `Hyperparameter`s with their config fields and checks), which the configs and trainers read.
+`policy_loss(name, logps, old_logps, advantages, **hyperparameters)` runs any of them on tensors.
 """
 
 from __future__ import annotations
@@ -19,26 +15,8 @@ from typing import Any
 
 import torch
 
-from .band import check_floating_tensor
+from .band import broadcasts_to, check_floating_tensor
 from .checks import Integer, Number
-
-__all__ = [
-    "DUAL_CLIP",
-    "EPSILON_HIGH",
-    "EPSILON_LOW",
-    "Hyperparameter",
-    "PolicyLossSpec",
-    "policy_bounds",
-    "policy_loss",
-    "policy_loss_spec",
-    "register_policy_loss",
-    "registered_policy_losses",
-]
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Declaring and registering a loss
-# ----------------------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -234,11 +212,7 @@ def _as_advantages(advantages: Any, logps: torch.Tensor) -> torch.Tensor:
                 f"{tuple(logps.shape)} (B, T), so give B = {logps.shape[0]} values, or shape (B, 1) or (B, T)."
             )
         return advantages.unsqueeze(-1)  # per sequence, never broadcast along T
-    try:
-        shape = torch.broadcast_shapes(advantages.shape, logps.shape)
-    except RuntimeError:
-        shape = None
-    if shape != logps.shape:
+    if not broadcasts_to(advantages.shape, logps.shape):
         raise ValueError(
             f"advantages of shape {tuple(advantages.shape)} do not broadcast to logps {tuple(logps.shape)}: use "
             f"(B,), (B, 1) or (B, T)."
@@ -254,11 +228,7 @@ def policy_bounds(name: str, old_logps: torch.Tensor, **hyperparameters):
 
 
 def policy_loss(
-    name: str,
-    logps: torch.Tensor,
-    old_logps: torch.Tensor,
-    advantages: torch.Tensor,
-    **hyperparameters,
+    name: str, logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, **hyperparameters
 ) -> torch.Tensor:
     """Per-token loss of the policy loss `name`, before masking and aggregation.
 

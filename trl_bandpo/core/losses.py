@@ -1,23 +1,12 @@
-"""Per-token policy losses of BandPO, DGPO and the baselines both papers compare against, and their registry.
+"""Per-token policy losses of BandPO, DGPO and their baselines, registered in the loss registry.
 
-Every loss is a small pure function `loss(log_ratio, advantages, lower, upper, **hyperparameters)` returning the
-per-token loss (before masking and aggregation, which the trainer shares with TRL). `lower`/`upper` are the ratio
-bounds in use (floats or tensors broadcastable to `log_ratio`), produced by the matching `*_bounds` function below
-from the old log-probs: fixed bounds are floats, probability-aware ones (Band, DCPO) tensors shaped like the old
-log-probs, computed without gradient. Notation (docs/policy-losses.md): `r = exp(log_ratio)`, advantage `A`; the
-gradient weight `w` is the coefficient on `grad log pi` (`-grad loss = A * w * grad log pi`).
-
-Two families:
-- clipped surrogates (`clip`, `band`, `relaxed_band`, `dcpo`): PPO's `-min(r A, clamp(r, lower, upper) A)`, which is
-  TRL's formula (dual clip `delta` included), only with other bounds; `w = r` inside, `0` where clipped.
-- re-weighted surrogates (`dgpo`, `gppo`, `ce_gppo`, `aspo`): the forward value is chosen per method and the
-  gradient weight is set explicitly, `loss = -A * (sg(value) + sg(w) * (log_ratio - sg(log_ratio)))`.
-
-Each loss is registered once at the end of this module (`register_policy_loss`, from `trl_bandpo.core.loss_registry`)
-as a `PolicyLossSpec`: its bounds and loss functions, the hyper-parameters they take with the config field each is read
-from and its check, and any extra metrics. The trainer and the config read only the registry
-(docs/adding-a-policy-loss.md). `policy_loss(name, logps, old_logps, advantages, **hyperparameters)` (re-exported here)
-is the one-call entry point.
+Every loss is a pure function `loss(log_ratio, advantages, lower, upper, **hyperparameters)` returning the per-token
+loss before masking and aggregation; `lower`/`upper` are the ratio bounds from the matching `*_bounds` function
+(floats, or tensors shaped like the old log-probs, without gradient). Notation (docs/policy-losses.md):
+`r = exp(log_ratio)`, advantage `A`, gradient weight `w` on `grad log pi` (`-grad loss = A * w * grad log pi`).
+Clipped surrogates (`clip`, `band`, `relaxed_band`, `dcpo`) are TRL's `-min(r A, clamp(r, lower, upper) A)`;
+re-weighted ones (`dgpo`, `gppo`, `ce_gppo`, `aspo`, ...) set their forward value and weight explicitly
+(`reweighted_surrogate`).
 """
 
 from __future__ import annotations
@@ -27,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from .band import (
     RADIUS,
@@ -34,12 +24,13 @@ from .band import (
     UPPER_MAX,
     check_divergence,
     check_radius_tensor,
+    compute_dtype_for,
     solve_band,
     solver_unavailable_reason,
 )
 from .band_solvers import Radius
 from .checks import Number, none_word
-from .loss_registry import (
+from .loss_registry import (  # noqa: F401  (re-exported)
     DUAL_CLIP,
     EPSILON_HIGH,
     EPSILON_LOW,
@@ -52,75 +43,37 @@ from .loss_registry import (
     register_policy_loss,
     registered_policy_losses,
 )
+from .metrics import Counts
 
-__all__ = [
-    "BAND",
-    "DUAL_CLIP",
-    "EPSILON_HIGH",
-    "EPSILON_LOW",
-    "POLICY_LOSSES",
-    "RATIO_LOG_MAX",
-    "Hyperparameter",
-    "PolicyLossSpec",
-    "aspo_loss",
-    "band_policy_bounds",
-    "ce_gppo_loss",
-    "cispo_loss",
-    "clip_bounds",
-    "clip_regions",
-    "clip_value",
-    "clipped_surrogate_loss",
-    "dcpo_bounds",
-    "dgpo_log_weights",
-    "dgpo_loss",
-    "dgpo_metrics",
-    "gppo_loss",
-    "policy_bounds",
-    "policy_loss",
-    "policy_loss_spec",
-    "register_policy_loss",
-    "registered_policy_losses",
-    "relaxed_band_bounds",
-    "reweighted_surrogate",
-    "safe_exp",
-    "upcast",
-]
-
-Bound = float | torch.Tensor
+Bound = float | Tensor
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Numerics of importance ratios: float32 or wider, capped below overflow (docs/policy-losses.md, "Inputs and numerics")
-# ----------------------------------------------------------------------------------------------------------------
-
-# Largest exponent whose exp is finite, with a margin for rounding, per compute dtype: ratios and weights are capped
-# there, so no token's ratio is inf and no `inf * 0` turns a loss or a gradient into NaN.
+# Largest exponent whose exp is finite (with a rounding margin), per compute dtype: ratios and weights are capped
+# there, so no `inf * 0` turns a loss or a gradient into NaN (docs/policy-losses.md, "Inputs and numerics").
 RATIO_LOG_MAX = {dtype: math.log(torch.finfo(dtype).max) - 0.01 for dtype in (torch.float32, torch.float64)}
 
 
-def upcast(x: torch.Tensor) -> torch.Tensor:
+def upcast(x: Tensor) -> Tensor:
     """`x` in float32 or wider: a half-precision ratio overflows at log-ratio 11.1 (fp16) and rounds the bounds."""
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def safe_exp(log_x: torch.Tensor) -> torch.Tensor:
+def safe_exp(log_x: Tensor) -> Tensor:
     """`exp(log_x)` in float32 or wider, capped at the dtype's largest finite value (differentiable below the cap)."""
     log_x = upcast(log_x)
     return torch.exp(log_x.clamp(max=RATIO_LOG_MAX[log_x.dtype]))
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Bounds: (old_logps, **hyperparameters) -> (lower, upper)
-# ----------------------------------------------------------------------------------------------------------------
+# -- Bounds: (old_logps, **hyperparameters) -> (lower, upper) ----------------------------------------------------
 
 
-def clip_bounds(old_logps: torch.Tensor, *, epsilon_low: float = 0.2, epsilon_high: float = 0.2):
+def clip_bounds(old_logps: Tensor, *, epsilon_low: float = 0.2, epsilon_high: float = 0.2):
     """GRPO / PPO bounds `[1 - epsilon_low, 1 + epsilon_high]` (Clip-Higher: `epsilon_high = 0.28`)."""
     return 1.0 - epsilon_low, 1.0 + epsilon_high
 
 
 def band_policy_bounds(
-    old_logps: torch.Tensor,
+    old_logps: Tensor,
     *,
     radius: float = 0.05,
     divergence: str | Callable = "kl",
@@ -132,17 +85,16 @@ def band_policy_bounds(
 
 
 def _band(old_logps, radius, divergence, **options):
-    """The Band bounds of hyper-parameters their owner checked; a per-token radius tensor is checked here against
-    the log-probs it applies to (its shape and device: metadata only)."""
+    """The Band bounds of hyper-parameters their owner checked; a radius tensor is checked here against the
+    log-probs it applies to (metadata only)."""
     if torch.is_tensor(radius):
         check_radius_tensor(radius, old_logps)
     return solve_band(old_logps, radius, divergence, **options)
 
 
 def _dppo_bounds(old_logps, divergence, radius, radius_low, radius_high, solver):
-    """DPPO's trust region as ratio bounds: the ratios at which the binary divergence between `p` and `q = r p`
-    reaches the radius, i.e. the Band bounds of that divergence without a cap (docs/band-and-dppo.md). `radius_low`
-    and `radius_high`, when given, replace `radius` on their side."""
+    """DPPO's trust region: the Band bounds of the binary divergence without a cap (docs/band-and-dppo.md);
+    `radius_low` and `radius_high`, when given, replace `radius` on their side."""
     low = radius if radius_low is None else radius_low
     high = radius if radius_high is None else radius_high
     lower, upper = _band(old_logps, low, divergence, solver=solver)
@@ -152,11 +104,7 @@ def _dppo_bounds(old_logps, divergence, radius, radius_low, radius_high, solver)
 
 
 def dppo_tv_bounds(
-    old_logps: torch.Tensor,
-    *,
-    radius: Radius = 0.15,
-    radius_low: Radius | None = None,
-    radius_high: Radius | None = None,
+    old_logps: Tensor, *, radius: Radius = 0.15, radius_low: Radius | None = None, radius_high: Radius | None = None
 ):
     """DPPO-Binary-TV: a token may move until `|q - p| = radius`, i.e. `r` in `[1 - radius/p, 1 + radius/p]` (within
     `[0, 1/p]`)."""
@@ -164,7 +112,7 @@ def dppo_tv_bounds(
 
 
 def dppo_kl_bounds(
-    old_logps: torch.Tensor,
+    old_logps: Tensor,
     *,
     radius: Radius = 0.05,
     radius_low: Radius | None = None,
@@ -176,7 +124,7 @@ def dppo_kl_bounds(
 
 
 def relaxed_band_bounds(
-    old_logps: torch.Tensor,
+    old_logps: Tensor,
     *,
     radius: float = 0.05,
     divergence: str | Callable = "kl",
@@ -190,18 +138,13 @@ def relaxed_band_bounds(
 
 
 def dcpo_bounds(
-    old_logps: torch.Tensor,
-    *,
-    epsilon_low: float = 0.16,
-    epsilon_high: float = 0.2,
-    upper_max: float | None = 10.0,
+    old_logps: Tensor, *, epsilon_low: float = 0.16, epsilon_high: float = 0.2, upper_max: float | None = 10.0
 ):
     """DCPO's dynamic bounds: `lower = 1/2 + 1/2 sqrt(max(1 - 4 eps_low / p, 0))`,
     `upper = min(1/2 + 1/2 sqrt(1 + 4 eps_high / p), upper_max)` (docs/policy-losses.md, "DCPO"); `upper_max=None`
     is no cap, as for the Band."""
     with torch.no_grad():
-        dtype = torch.float64 if old_logps.dtype == torch.float64 else torch.float32
-        inv_p = torch.exp(-old_logps.detach().to(dtype).clamp(max=0.0))
+        inv_p = torch.exp(-old_logps.detach().to(compute_dtype_for(old_logps.dtype)).clamp(max=0.0))
         lower = 0.5 + 0.5 * torch.sqrt((1 - 4 * epsilon_low * inv_p).clamp(min=0.0))
         upper = 0.5 + 0.5 * torch.sqrt(1 + 4 * epsilon_high * inv_p)
         if upper_max is not None:
@@ -209,24 +152,41 @@ def dcpo_bounds(
     return lower, upper
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Losses: (log_ratio, advantages, lower, upper, **hyperparameters) -> per-token loss
-# ----------------------------------------------------------------------------------------------------------------
+def spo_bounds(old_logps: Tensor, *, epsilon: float = 12.5):
+    """SPO's fixed threshold as ratio bounds `[max(1 - epsilon, 0), 1 + epsilon]`: the ratios past which its gradient
+    weight changes sign (docs/policy-losses.md, "SPO and DRPO"). `spo_loss` reads `epsilon = upper - 1` back."""
+    return max(1.0 - epsilon, 0.0), 1.0 + epsilon
 
 
-def _clamp(x: torch.Tensor, lower: Bound, upper: Bound) -> torch.Tensor:
+def drpo_bounds(old_logps: Tensor, *, epsilon: float = 12.5):
+    """DRPO's token-adaptive threshold `epsilon / p` as ratio bounds `[max(1 - epsilon/p, 0), 1 + epsilon/p]`, i.e.
+    the ratios at which `|q - p| = epsilon` (the Binary-TV boundary of radius `epsilon`), computed without gradient in
+    float32 or wider and kept finite (`safe_exp`). `spo_loss` reads `epsilon / p = upper - 1` back."""
+    with torch.no_grad():
+        adaptive = safe_exp(math.log(epsilon) - old_logps.detach())
+        return (1.0 - adaptive).clamp(min=0.0), 1.0 + adaptive
+
+
+def ipo_bounds(old_logps: Tensor, *, mask_low: Radius = 0.1, mask_high: Radius = 0.1):
+    """prime-rl's IPO trust region: a token may move until `p - q = mask_low` (down) or `q - p = mask_high` (up), i.e.
+    DPPO-Binary-TV's region with those radii, `r` in `[max(1 - mask_low/p, 0), min(1 + mask_high/p, 1/p)]`."""
+    return _dppo_bounds(old_logps, "tv", mask_low, None, mask_high, "torch")
+
+
+# -- Losses: (log_ratio, advantages, lower, upper, **hyperparameters) -> per-token loss ---------------------------
+
+
+def _clamp(x: Tensor, lower: Bound, upper: Bound) -> Tensor:
     if torch.is_tensor(lower) or torch.is_tensor(upper):  # torch.clamp takes two tensors or two numbers
-        lower, upper = torch.as_tensor(lower, dtype=x.dtype), torch.as_tensor(upper, dtype=x.dtype)
-        lower, upper = lower.to(x.device, x.dtype), upper.to(x.device, x.dtype)
+        lower, upper = (torch.as_tensor(bound, dtype=x.dtype, device=x.device) for bound in (lower, upper))
     return torch.clamp(x, lower, upper)
 
 
 def clipped_surrogate_loss(
-    log_ratio: torch.Tensor, advantages: torch.Tensor, lower: Bound, upper: Bound, *, delta: float | None = None
-) -> torch.Tensor:
-    """PPO's pessimistic clipped surrogate with (per-token) bounds, written exactly as TRL writes it:
-    `-min(min(r, delta) A, clamp(r, lower, upper) A)`. `delta` is the dual-clip constant (TRL's `delta`).
-    Computed in float32 or wider, with the ratio capped at the largest finite value (`safe_exp`)."""
+    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, delta: float | None = None
+) -> Tensor:
+    """PPO's clipped surrogate with (per-token) bounds, as TRL writes it: `-min(min(r, delta) A, clamp(r, lower,
+    upper) A)`, `delta` TRL's dual clip. In float32 or wider, the ratio capped below overflow (`safe_exp`)."""
     ratio = safe_exp(log_ratio)
     clipped_ratio = _clamp(ratio, lower, upper)
     if delta is not None:
@@ -234,9 +194,7 @@ def clipped_surrogate_loss(
     return -torch.min(ratio * advantages, clipped_ratio * advantages)
 
 
-def reweighted_surrogate(
-    log_ratio: torch.Tensor, advantages: torch.Tensor, value: torch.Tensor, weight: torch.Tensor
-) -> torch.Tensor:
+def reweighted_surrogate(log_ratio: Tensor, advantages: Tensor, value: Tensor, weight: Tensor) -> Tensor:
     """`-A * (sg(value) + sg(weight) * (log_ratio - sg(log_ratio)))`: forward `-A * value`, gradient weight
     `weight`. `value` and `weight` must be finite where `A = 0` (they are, from `safe_exp`)."""
     log_ratio = upcast(log_ratio)
@@ -266,8 +224,8 @@ def clip_regions(log_ratio, advantages, lower, upper):
 
 
 def dgpo_log_weights(
-    log_ratio: torch.Tensor, advantages: torch.Tensor, lower: Bound, upper: Bound, *, n: int = 1, m: float = 2.0
-) -> torch.Tensor:
+    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, n: int = 1, m: float = 2.0
+) -> Tensor:
     """`log w` of DGPO (docs/policy-losses.md, "DGPO"), on `grad log pi`: LN `(n+1) log r - n log(1-eps_low)`,
     HP `(m-1)/m log r + log(1+eps_high)/m`, elsewhere `log r`. Only linear maps of `log r` are selected, and the
     single `exp` happens afterwards, so no branch can overflow where it does not apply."""
@@ -279,8 +237,8 @@ def dgpo_log_weights(
 
 
 def dgpo_loss(
-    log_ratio: torch.Tensor, advantages: torch.Tensor, lower: Bound, upper: Bound, *, n: int = 1, m: float = 2.0
-) -> torch.Tensor:
+    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, n: int = 1, m: float = 2.0
+) -> Tensor:
     """DGPO (https://arxiv.org/abs/2603.14389): outside the clip range the weight on `grad pi` decays as `pi^n`
     (left, A < 0) or `pi^(-1/m)` (right, A > 0), continuous at both boundaries. The forward value is the
     surrogate `R` whose gradient gives these weights (DGPO §4; docs/policy-losses.md), which equals the weight `w`
@@ -289,44 +247,26 @@ def dgpo_loss(
     return reweighted_surrogate(log_ratio, advantages, weight, weight)
 
 
-def _boundary_weights(log_ratio, advantages, lower, upper, left_weight, right_weight):
-    ratio = safe_exp(log_ratio.detach())
-    regions = clip_regions(log_ratio, advantages, lower, upper)
-    weight = torch.where(regions["LN"], left_weight, ratio)
-    weight = torch.where(regions["HP"], right_weight, weight)
-    value = clip_value(log_ratio, advantages, lower, upper)
-    return reweighted_surrogate(log_ratio, advantages, value, weight)
-
-
-def gppo_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, lower: Bound, upper: Bound) -> torch.Tensor:
+def gppo_loss(log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound) -> Tensor:
     """GPPO (Klear-Reasoner): the clip's forward value, but clipped tokens keep the boundary's weight
     (`1 + eps_high` right, `1 - eps_low` left) instead of 0."""
     return ce_gppo_loss(log_ratio, advantages, lower, upper, beta1=1.0, beta2=1.0)
 
 
 def ce_gppo_loss(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    lower: Bound,
-    upper: Bound,
-    *,
-    beta1: float = 0.75,
-    beta2: float = 1.0,
-) -> torch.Tensor:
+    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, beta1: float = 0.75, beta2: float = 1.0
+) -> Tensor:
     """CE-GPPO: as GPPO with the boundary weights scaled, `beta1 (1 - eps_low)` (LN) and `beta2 (1 + eps_high)`
     (HP)."""
-    return _boundary_weights(log_ratio, advantages, lower, upper, beta1 * _as_weight(lower), beta2 * _as_weight(upper))
+    regions = clip_regions(log_ratio, advantages, lower, upper)
+    weight = torch.where(regions["LN"], beta1 * _as_weight(lower), safe_exp(log_ratio.detach()))
+    weight = torch.where(regions["HP"], beta2 * _as_weight(upper), weight)
+    return reweighted_surrogate(log_ratio, advantages, clip_value(log_ratio, advantages, lower, upper), weight)
 
 
 def aspo_loss(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    lower: Bound,
-    upper: Bound,
-    *,
-    c_pos: float = 3.0,
-    c_neg: float = 3.0,
-) -> torch.Tensor:
+    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, c_pos: float = 3.0, c_neg: float = 3.0
+) -> Tensor:
     """ASPO: positive-advantage tokens use the flipped weight `1/r` on `[1/c_pos, upper]` (`c_pos` below, 0 above);
     negative ones keep `r` on `[lower, c_neg]` (0 below, `c_neg` above). Forward value: the clipped surrogate's."""
     log_ratio_d = upcast(log_ratio.detach())
@@ -344,27 +284,21 @@ def _as_weight(bound: Bound) -> Bound:
     return bound.detach() if torch.is_tensor(bound) else bound
 
 
-def cispo_loss(log_ratio: torch.Tensor, advantages: torch.Tensor, lower: Bound, upper: Bound) -> torch.Tensor:
-    """CISPO as the DGPO paper ran it (its Table 12: eps = 0.2 / 0.2): every token keeps a gradient, with the
-    importance weight clipped on both sides, `w = sg(clip(r, lower, upper))` on `grad log pi` in all four regions.
-    Forward value: the clipped ratio. (TRL's `loss_type="cispo"` caps from above only, `min(r, epsilon_high)`:
-    without the lower cap the left-boundary weight of CISPO differs; docs/policy-losses.md, "CISPO".)"""
+def cispo_loss(log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound) -> Tensor:
+    """CISPO as the DGPO paper ran it: every token keeps a gradient, with the importance weight clipped on both
+    sides, `w = sg(clip(r, lower, upper))` on `grad log pi`; forward value the clipped ratio (docs/policy-losses.md,
+    "CISPO", for TRL's one-sided `loss_type="cispo"`)."""
     weight = _clamp(safe_exp(log_ratio.detach()), lower, upper)
     return reweighted_surrogate(log_ratio, advantages, weight, weight)
 
 
 def dppo_loss(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    lower: Bound,
-    upper: Bound,
-    *,
-    ratio_cap: float | None = 20.0,
-) -> torch.Tensor:
+    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, ratio_cap: float | None = 20.0
+) -> Tensor:
     """DPPO-Binary (https://arxiv.org/abs/2602.04879): a token whose update leaves the trust region in the direction
     its advantage pushes (`r > upper` with `A > 0`, `r < lower` with `A < 0`) is masked (weight 0); every other token
     keeps the truncated importance weight `w = min(r, ratio_cap)` on `grad log pi` (`ratio_cap=None`: `w = r`).
-    Forward value: `min(r, ratio_cap)` (docs/band-and-dppo.md for what verl logs instead)."""
+    Forward value: `min(r, ratio_cap)`."""
     ratio = safe_exp(log_ratio.detach())
     truncated = ratio if ratio_cap is None else ratio.clamp(max=ratio_cap)
     regions = clip_regions(log_ratio, advantages, lower, upper)
@@ -373,14 +307,8 @@ def dppo_loss(
 
 
 def dppo_metrics(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    lower: Bound,
-    upper: Bound,
-    mask: torch.Tensor,
-    *,
-    ratio_cap: float | None = 20.0,
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, mask: Tensor, *, ratio_cap: float | None = 20.0
+) -> Counts:
     """DPPO's metrics (docs/metrics.md) as `(numerator, denominator)` pairs: the share of positive-advantage tokens
     masked above the region (`dppo/masked_pos_share`), of negative-advantage ones masked below it
     (`dppo/masked_neg_share`), and of all tokens whose kept weight the cap truncated (`dppo/truncated_share`)."""
@@ -396,16 +324,104 @@ def dppo_metrics(
     }
 
 
-def dgpo_metrics(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
+#: SPO and DRPO clamp `log r` to [-20, 20] before `exp`, as the DRPO authors do: beyond, no gradient.
+SPO_LOG_RATIO_CLAMP = 20.0
+
+
+def _spo_terms(log_ratio, advantages, upper):
+    """`(r, penalty)` of SPO/DRPO with `r = exp(clamp(log r, -20, 20))` (differentiable inside the clamp) and
+    `penalty = |A| (r - 1)^2 / (2 eps)`, the threshold `eps = upper - 1` read back from the bounds."""
+    log_ratio = upcast(log_ratio).clamp(-SPO_LOG_RATIO_CLAMP, SPO_LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    threshold = upper.detach() - 1.0 if torch.is_tensor(upper) else upper - 1.0
+    return ratio, advantages.abs() * (ratio - 1.0).square() / (2.0 * threshold)
+
+
+def spo_loss(log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound) -> Tensor:
+    """SPO's quadratic surrogate, `-A r + |A| (r - 1)^2 / (2 eps)`, with the threshold `eps = upper - 1` of the
+    bounds: a number for `spo`, the token-adaptive `eps / p` for `drpo`, where the penalty is DRPO's
+    `|A| p (r - 1)^2 / (2 eps)`. Gradient weight on `grad log pi`: `r (1 - sign(A) (r - 1) / eps_t)`, i.e.
+    `r (1 - sign(A) (q - p) / eps)` for DRPO (docs/policy-losses.md). `log r` is clamped to [-20, 20] before `exp`,
+    and the whole loss is differentiated (no re-weighting)."""
+    ratio, penalty = _spo_terms(log_ratio, advantages, upper)
+    return -advantages * ratio + penalty
+
+
+def _spo_metrics(prefix: str) -> Callable:
+    def metrics(log_ratio, advantages, lower, upper, mask):
+        """The DRPO authors' metrics: the mean penalty (`<prefix>/penalty_mean`), the shares of tokens above
+        `1 + eps_t` and below `1 - eps_t` whatever the advantage's sign (`<prefix>/clipfrac_upper`, `_lower`), and
+        the share whose gradient weight is negative (`<prefix>/reversed_share`)."""
+        log_ratio = log_ratio.detach()
+        ratio, penalty = _spo_terms(log_ratio, advantages, upper)
+        mask = mask.float()
+        clamped = upcast(log_ratio).clamp(-SPO_LOG_RATIO_CLAMP, SPO_LOG_RATIO_CLAMP)
+        below, above = (side.float() * mask for side in _outside(clamped, lower, upper))
+        reversed_ = torch.where(advantages > 0, above, torch.where(advantages < 0, below, torch.zeros_like(below)))
+        total = mask.sum()
+        return {
+            f"{prefix}/penalty_mean": ((penalty * mask).sum(), total),
+            f"{prefix}/clipfrac_upper": (above.sum(), total),
+            f"{prefix}/clipfrac_lower": (below.sum(), total),
+            f"{prefix}/reversed_share": (reversed_.sum(), total),
+        }
+
+    metrics.__name__ = f"{prefix}_metrics"
+    return metrics
+
+
+def ipo_loss(
+    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, kl_tau: float = 1e-3, adv_tau: float = 1.0
+) -> Tensor:
+    """prime-rl's IPO (docs/band-and-dppo.md): a token outside `[lower, upper]` is masked whatever its advantage's
+    sign; kept tokens have `-adv_tau * A * r`; every token adds the KL term `kl_tau * (log r)^2`. The ratio and
+    `log r` are capped below overflow (`safe_exp`)."""
+    log_ratio = upcast(log_ratio)
+    ratio = safe_exp(log_ratio)
+    below, above = _outside(log_ratio.detach(), lower, upper)
+    policy = torch.where(below | above, torch.zeros_like(ratio), ratio)
+    log_max = RATIO_LOG_MAX[log_ratio.dtype]  # as `safe_exp`: finite, and no gradient beyond the cap
+    return -adv_tau * advantages * policy + kl_tau * log_ratio.clamp(-log_max, log_max).square()
+
+
+def _outside(log_ratio, lower, upper):
+    """`(log r < log lower, log r > log upper)` for float or tensor bounds (a lower bound of 0: nothing below)."""
+    lower_t = torch.as_tensor(lower, dtype=log_ratio.dtype, device=log_ratio.device)
+    upper_t = torch.as_tensor(upper, dtype=log_ratio.dtype, device=log_ratio.device)
+    return log_ratio < torch.log(lower_t), log_ratio > torch.log(upper_t)
+
+
+def ipo_metrics(
+    log_ratio: Tensor,
+    advantages: Tensor,
     lower: Bound,
     upper: Bound,
-    mask: torch.Tensor,
+    mask: Tensor,
     *,
-    n: int = 1,
-    m: float = 2.0,
-) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    kl_tau: float = 1e-3,
+    adv_tau: float = 1.0,
+) -> Counts:
+    """prime-rl's IPO metrics (docs/metrics.md): the share of masked tokens (`ipo/is_masked`), split by the side they
+    left on (`ipo/is_masked_low`, `_high`), and the mean `r - log r - 1` (k3 estimate of the mismatch KL) over masked
+    and over kept tokens (`ipo/masked_mismatch_kl`, `ipo/unmasked_mismatch_kl`)."""
+    log_ratio = upcast(log_ratio.detach())
+    below, above = _outside(log_ratio, lower, upper)
+    mask = mask.float()
+    masked = (below | above).float() * mask
+    kept = mask - masked
+    mismatch = safe_exp(log_ratio) - log_ratio - 1.0
+    return {
+        "ipo/is_masked": (masked.sum(), mask.sum()),
+        "ipo/is_masked_low": ((below.float() * mask).sum(), mask.sum()),
+        "ipo/is_masked_high": ((above.float() * mask).sum(), mask.sum()),
+        "ipo/masked_mismatch_kl": ((mismatch * masked).sum(), masked.sum()),
+        "ipo/unmasked_mismatch_kl": ((mismatch * kept).sum(), kept.sum()),
+    }
+
+
+def dgpo_metrics(
+    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, mask: Tensor, *, n: int = 1, m: float = 2.0
+) -> Counts:
     """DGPO's extra metrics (docs/metrics.md) as `(numerator, denominator)` pairs: the share of tokens in each region
     (`dgpo/frac_LN`, `_HP`, `_LP`, `_HN`) and the mean gradient weight in LN and HP (`dgpo/weight_{LN,HP}_mean`)."""
     regions = clip_regions(log_ratio, advantages, lower, upper)
@@ -420,9 +436,7 @@ def dgpo_metrics(
     return counts
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# The built-in losses, registered
-# ----------------------------------------------------------------------------------------------------------------
+# -- The built-in losses, registered --------------------------------------------------------------------------------
 
 
 def check_radius_value(value: Any, field: str = "radius") -> Radius:
@@ -472,9 +486,16 @@ def _check_band_solver_runs(kwargs: Mapping[str, Any], labels: Mapping[str, str]
 
 
 _CLIP = (EPSILON_LOW, EPSILON_HIGH)
-# The re-weighted losses set their own weights outside the clip range: TRL's dual clip has no meaning there.
-# Per-token bounds and weights are defined on per-token ratios; against GSPO's sequence-level ratio neither paper
-# defines them (which token's bound would clip a sequence?), so the combination is refused, not guessed.
+_DGPO = (Hyperparameter("n", "dgpo_n", POWER), Hyperparameter("m", "dgpo_m", Number(low=1)))
+_THRESHOLD = Number(low=0, low_open=True)
+_DPPO_SIDES = (
+    Hyperparameter("radius_low", "dppo_radius_low", check_optional_radius),
+    Hyperparameter("radius_high", "dppo_radius_high", check_optional_radius),
+    Hyperparameter("ratio_cap", "dppo_ratio_cap", RATIO_CAP),
+)
+# Per-token bounds and weights are undefined for GSPO's sequence-level ratio (which token's bound would clip a
+# sequence?): refused, not guessed. The re-weighted losses set their own weights outside the clip range, where TRL's
+# dual clip has no meaning.
 _TOKEN_LEVEL_ONLY = {
     "importance_sampling_level": "its bounds and weights are per token, and neither paper defines them for GSPO's "
     "sequence-level ratio (use policy_loss='clip' for GSPO)"
@@ -483,8 +504,8 @@ _NO_DUAL_CLIP = {
     **_TOKEN_LEVEL_ONLY,
     "delta": "the dual clip applies to the clipped losses only; this one sets its own weights outside the clip range",
 }
-register_policy_loss(PolicyLossSpec("clip", clip_bounds, clipped_surrogate_loss, (*_CLIP, DUAL_CLIP)))
-register_policy_loss(
+for _spec in (
+    PolicyLossSpec("clip", clip_bounds, clipped_surrogate_loss, (*_CLIP, DUAL_CLIP)),
     PolicyLossSpec(
         "band",
         band_policy_bounds,
@@ -492,9 +513,7 @@ register_policy_loss(
         (*BAND, DUAL_CLIP),
         check=_check_band_solver_runs,
         incompatible=_TOKEN_LEVEL_ONLY,
-    )
-)
-register_policy_loss(
+    ),
     PolicyLossSpec(
         "relaxed_band",
         relaxed_band_bounds,
@@ -502,9 +521,7 @@ register_policy_loss(
         (*BAND, *_CLIP, DUAL_CLIP),
         check=_check_band_solver_runs,
         incompatible=_TOKEN_LEVEL_ONLY,
-    )
-)
-register_policy_loss(
+    ),
     PolicyLossSpec(
         "dcpo",
         dcpo_bounds,
@@ -512,34 +529,20 @@ register_policy_loss(
         # DCPO keeps its own cap (10) in training: band_upper_max is the Band's, not DCPO's.
         (*_CLIP, Hyperparameter("upper_max", None, UPPER_MAX), DUAL_CLIP),
         incompatible=_TOKEN_LEVEL_ONLY,
-    )
-)
-register_policy_loss(
-    PolicyLossSpec(
-        "dgpo",
-        clip_bounds,
-        dgpo_loss,
-        (*_CLIP, Hyperparameter("n", "dgpo_n", POWER), Hyperparameter("m", "dgpo_m", Number(low=1))),
-        metrics=dgpo_metrics,
-        incompatible=_NO_DUAL_CLIP,
-    )
-)
-# Band x DGPO (beyond both papers; docs/extensions.md): DGPO's decoupled decay outside the Band bounds instead of the
-# fixed clip interval. Where the Band saturates (lower = 0 for tail tokens) the left region is empty.
-register_policy_loss(
+    ),
+    PolicyLossSpec("dgpo", clip_bounds, dgpo_loss, (*_CLIP, *_DGPO), metrics=dgpo_metrics, incompatible=_NO_DUAL_CLIP),
+    # Band x DGPO (docs/extensions.md): DGPO's decay outside the Band bounds instead of the clip interval.
     PolicyLossSpec(
         "band_dgpo",
         band_policy_bounds,
         dgpo_loss,
-        (*BAND, Hyperparameter("n", "dgpo_n", POWER), Hyperparameter("m", "dgpo_m", Number(low=1))),
+        (*BAND, *_DGPO),
         metrics=dgpo_metrics,
         check=_check_band_solver_runs,
         incompatible=_NO_DUAL_CLIP,
-    )
-)
-register_policy_loss(PolicyLossSpec("gppo", clip_bounds, gppo_loss, _CLIP, incompatible=_NO_DUAL_CLIP))
-register_policy_loss(PolicyLossSpec("cispo", clip_bounds, cispo_loss, _CLIP, incompatible=_NO_DUAL_CLIP))
-register_policy_loss(
+    ),
+    PolicyLossSpec("gppo", clip_bounds, gppo_loss, _CLIP, incompatible=_NO_DUAL_CLIP),
+    PolicyLossSpec("cispo", clip_bounds, cispo_loss, _CLIP, incompatible=_NO_DUAL_CLIP),
     PolicyLossSpec(
         "ce_gppo",
         clip_bounds,
@@ -550,9 +553,7 @@ register_policy_loss(
             Hyperparameter("beta2", "ce_gppo_beta2", Number(low=0)),
         ),
         incompatible=_NO_DUAL_CLIP,
-    )
-)
-register_policy_loss(
+    ),
     PolicyLossSpec(
         "aspo",
         clip_bounds,
@@ -563,17 +564,8 @@ register_policy_loss(
             Hyperparameter("c_neg", "aspo_c_neg", Number(low=1)),
         ),
         incompatible=_NO_DUAL_CLIP,
-    )
-)
-
-# DPPO-Binary (Qi et al., 2026): the Band region of TV or KL without a cap, masking instead of clipping, and a
-# truncated importance weight (docs/band-and-dppo.md). Radii as the authors trained: 0.15 (TV), 0.05 (KL).
-_DPPO_SIDES = (
-    Hyperparameter("radius_low", "dppo_radius_low", check_optional_radius),
-    Hyperparameter("radius_high", "dppo_radius_high", check_optional_radius),
-    Hyperparameter("ratio_cap", "dppo_ratio_cap", RATIO_CAP),
-)
-register_policy_loss(
+    ),
+    # DPPO-Binary (docs/band-and-dppo.md): radii as the authors trained, 0.15 (TV) and 0.05 (KL).
     PolicyLossSpec(
         "dppo_tv",
         dppo_tv_bounds,
@@ -581,9 +573,7 @@ register_policy_loss(
         (Hyperparameter("radius", "dppo_tv_radius", check_radius_value), *_DPPO_SIDES),
         metrics=dppo_metrics,
         incompatible=_NO_DUAL_CLIP,
-    )
-)
-register_policy_loss(
+    ),
     PolicyLossSpec(
         "dppo_kl",
         dppo_kl_bounds,
@@ -596,8 +586,40 @@ register_policy_loss(
         metrics=dppo_metrics,
         check=_check_band_solver_runs,
         incompatible=_NO_DUAL_CLIP,
-    )
-)
+    ),
+    # SPO and DRPO (docs/policy-losses.md, "SPO and DRPO"): threshold 12.5 as the DRPO authors trained both.
+    PolicyLossSpec(
+        "spo",
+        spo_bounds,
+        spo_loss,
+        (Hyperparameter("epsilon", "spo_epsilon", _THRESHOLD),),
+        metrics=_spo_metrics("spo"),
+        incompatible=_NO_DUAL_CLIP,
+    ),
+    PolicyLossSpec(
+        "drpo",
+        drpo_bounds,
+        spo_loss,
+        (Hyperparameter("epsilon", "drpo_epsilon", _THRESHOLD),),
+        metrics=_spo_metrics("drpo"),
+        incompatible=_NO_DUAL_CLIP,
+    ),
+    # prime-rl's IPO (docs/band-and-dppo.md), with the defaults of its `IPOLossConfig`.
+    PolicyLossSpec(
+        "ipo",
+        ipo_bounds,
+        ipo_loss,
+        (
+            Hyperparameter("mask_low", "ipo_mask_low", check_radius_value),
+            Hyperparameter("mask_high", "ipo_mask_high", check_radius_value),
+            Hyperparameter("kl_tau", "ipo_kl_tau", Number(low=0)),
+            Hyperparameter("adv_tau", "ipo_adv_tau", Number(low=0)),
+        ),
+        metrics=ipo_metrics,
+        incompatible=_NO_DUAL_CLIP,
+    ),
+):
+    register_policy_loss(_spec)
 
 #: The built-in policy losses (`registered_policy_losses()` also lists any registered later).
 POLICY_LOSSES = tuple(registered_policy_losses())

@@ -1,15 +1,9 @@
-"""Count metrics of the clipping behaviour (definitions: docs/metrics.md), as pure tensor functions.
-
-Each metric is a `(numerator, denominator)` pair of scalar tensors: the trainer sums both over accumulation steps
-and processes and divides once at logging (a ratio of sums, never a mean of means; docs/metrics.md, "How values are
-aggregated").
-"""
+"""Count metrics of the clipping behaviour (docs/metrics.md), as pure tensor functions. Each metric is a
+`(numerator, denominator)` pair of scalar tensors, summed over steps and processes and divided once at logging."""
 
 from __future__ import annotations
 
 import torch
-
-__all__ = ["LAG_BUCKETS", "PROB_BUCKET_EDGES", "TAIL_PROBABILITY", "clip_counts", "lag_buckets", "probability_buckets"]
 
 #: Old-token-probability bucket edges of the `clip_ratio_by_prob/*` metrics.
 PROB_BUCKET_EDGES = (0.2, 0.4, 0.6, 0.8)

@@ -1,17 +1,10 @@
-"""The adaptive per-token Band radius on tensors (docs/extensions.md, "Adaptive per-token radius"; BandPO §7 names it
-as future work): `delta_t` from the old policy's entropy at each token,
-
-    delta_t = clip(delta * (H_t / H_mean) ** alpha, delta_min, delta_max)
-
-and the statistics the trainer logs of it. The trainer side (where the entropies come from) is
-`trl_bandpo.training.old_policy`.
-"""
+"""The adaptive per-token Band radius (docs/extensions.md, "Adaptive per-token radius") from the old policy's
+entropy at each token, `delta_t = clip(delta * (H_t / H_mean) ** alpha, delta_min, delta_max)`, and the statistics
+the trainer logs of it."""
 
 from __future__ import annotations
 
 import torch
-
-__all__ = ["check_radius_fn_output", "correlation", "entropy_radius", "masked_sum", "radius_statistics"]
 
 
 def entropy_radius(

@@ -1,12 +1,6 @@
-"""Triton kernels for the Band operator. Importing this package needs neither torch nor Triton: the kernels load on
-first use.
-
-- `band_kl.py`: the KL Band bounds (`band_bounds(..., solver="triton")`), registered here with
-  `trl_bandpo.core.kernel_registry`, so `band_bounds(..., solver="auto")` uses it wherever it can run.
-- `runtime.py`: where kernels can run (CUDA, or CPU under `TRITON_INTERPRET=1`).
-- `self_check.py`: the KL kernel's one-time check against the torch solver on each device, and the
-  `TRL_BANDPO_KL_KERNEL` switch (auto / trust / off): where the kernel disagrees, "auto" uses the torch solver.
-"""
+"""Triton kernels for the Band operator, loaded on first use (importing this package needs neither torch nor
+Triton). The KL kernel (`band_kl.py`) registers here as `band_bounds(..., solver="triton")`, which "auto" uses where
+it can run and where it passed its one-time check (`self_check.py`)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
-"""Fused Triton kernel for the KL Band bounds (`band_bounds(..., divergence="kl")`).
+"""Fused Triton kernel for the KL Band bounds: the algorithm of the torch solver (`core.band_solvers.kl_bounds`) in
+one pass over `old_logps`, then the `upper_max` cap and the `relax` union (docs/band-operator.md). fp16 / bf16 / fp32
+input is solved and written in fp32, fp64 in fp64. A radius tensor is checked, rounded and clamped per element in the
+kernel, as the torch solver does, so nothing is read on the host. The launcher is the custom op
+`torch.ops.trl_bandpo.band_bounds_kl`, usable inside `torch.compile` graphs and CUDA-graph captures.
 
-One program reads a block of `old_logps` once and writes `lower` and `upper`: both roots of the binary-KL equation
-(docs/band-operator.md) by the algorithm of the torch solver in `trl_bandpo.core.band_solvers` (`kl_bounds`,
-`_solve_binary_kl_lower`):
-safeguarded Newton in log space from the chi-square start, `KL_NEWTON_STEPS[dtype]` steps, both roots as
-"lower roots" via the symmetry (p, q) -> (1-p, 1-q), then the `upper_max` cap and the `relax` union.
-fp16 / bf16 / fp32 input is solved in fp32 and written as fp32; fp64 input is solved and written in fp64.
-
-`radius` is one float (a kernel argument) or a tensor of per-token radii (docs/band-operator.md,
-"Per-token radius"): `RADIUS_MODE` 1 loads one radius for every element (stride 0), 2 one per element (the radii
-broadcast to `old_logps` and flattened like it). The kernel checks each loaded radius (NaN, infinite or <= 0 gives
-NaN bounds there), rounds it to the compute dtype and clamps it at `KL_SATURATION_RADIUS`, exactly as the torch
-solver does, so nothing is read on the host. The per-token path is verified under the interpreter only (against
-mpmath and the torch solver, tests/test_kernels.py); it is due for a run of the GPU tests on a CUDA device.
-
-The launcher is registered as the opaque custom op `torch.ops.trl_bandpo.band_bounds_kl` (with a fake
-implementation), so it can sit inside `torch.compile` graphs and CUDA-graph captures; it never syncs with the host.
-The torch fallback is `trl_bandpo.core.band.band_bounds(..., solver="torch")`.
-
-Under `TRITON_INTERPRET=1` (set before this module is imported) the kernel runs on CPU tensors through Triton's
-interpreter, which has no libdevice: `expm1` / `log1p` are then built from `exp` / `log` (numpy's, exact to an ulp)
-with Kahan's compensations. On GPU they are libdevice's, and so are `exp` / `log` (`tl.exp` / `tl.log` in fp32 may
-lower to the approximate `ex2` / `lg2` instructions, whose error `|x| * 2^-24` on `exp(-logp) = 1/p` alone would
-use up half of the float32 accuracy target at p = 1e-8).
+Under `TRITON_INTERPRET=1` (set before import) the kernel runs on CPU through Triton's interpreter, which has no
+libdevice: `expm1` / `log1p` are built from `exp` / `log` with Kahan's compensations. On GPU all four are libdevice's
+(`tl.exp` / `tl.log` in fp32 may lower to the approximate `ex2` / `lg2`, too coarse for the float32 target at small p).
 """
 
 import math
@@ -35,8 +19,6 @@ import triton.language as tl
 from ..core.band import KL_SATURATION_RADIUS, compute_dtype_for
 from ..core.band_solvers import KL_NEWTON_STEPS
 from .runtime import interpreter_enabled
-
-__all__ = ["band_bounds_kl_triton"]
 
 #: Whether `triton.jit` builds interpreted kernels in this process (decided when this module is imported).
 INTERPRETED = interpreter_enabled()
@@ -98,7 +80,7 @@ else:
 
 @triton.jit
 def _kl_lower_root_log_ratio(s, one_minus_s, radius, tiny, t_min, NEWTON_STEPS: tl.constexpr):
-    """`t = log(q/s)` with `KL(Bern(s) || Bern(q)) = radius`, `q < s` (see `band._solve_binary_kl_lower`).
+    """`t = log(q/s)` with `KL(Bern(s) || Bern(q)) = radius`, `q < s` (see `band_solvers._solve_binary_kl_lower`).
 
     Newton on the convex, decreasing h(t) = -s t - (1-s) log1p(-s expm1(t) / (1-s)) - radius, every iterate
     clamped to [t_floor, -radius]. `t_floor = ((1-s) log(1-s) - radius) / s` is floored at `t_min = 2 log(tiny)`:
@@ -302,8 +284,6 @@ def band_bounds_kl_triton(
     """
     relax_low, relax_high = (None, None) if relax is None else (float(relax[0]), float(relax[1]))
     upper_max = None if upper_max is None else float(upper_max)
-    if torch.is_tensor(radius):  # the float `radius` of the op is then unused
-        return torch.ops.trl_bandpo.band_bounds_kl(
-            old_logps.detach(), 1.0, upper_max, relax_low, relax_high, radius.detach()
-        )
-    return torch.ops.trl_bandpo.band_bounds_kl(old_logps.detach(), float(radius), upper_max, relax_low, relax_high)
+    radii = radius.detach() if torch.is_tensor(radius) else None
+    value = 1.0 if radii is not None else float(radius)  # the op's float radius, unused when `radii` is given
+    return torch.ops.trl_bandpo.band_bounds_kl(old_logps.detach(), value, upper_max, relax_low, relax_high, radii)

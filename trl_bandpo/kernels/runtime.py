@@ -1,14 +1,9 @@
-"""Where the Triton kernels can run: the interpreter switch and the availability check, defined once.
-
-Kernels run on CUDA tensors. With `TRITON_INTERPRET=1` in the environment before Triton is imported they also run
-on CPU tensors through Triton's interpreter (slow: for tests).
-"""
+"""Where the Triton kernels can run: on CUDA tensors, and on CPU tensors through Triton's interpreter when
+`TRITON_INTERPRET=1` is set before Triton is imported (slow: for tests)."""
 
 from __future__ import annotations
 
 import os
-
-__all__ = ["interpreter_enabled", "triton_unavailable_reason"]
 
 _TRUE_STRINGS = ("1", "true", "yes", "on", "y")
 

@@ -1,20 +1,11 @@
 """The Triton KL kernel's one-time check against the torch solver (docs/band-operator.md, "Solvers and speed").
 
-Before `band_bounds(..., solver="auto" | "triton")` first runs the kernel on a device, in each process, the kernel
-and the torch solver (`trl_bandpo.core.band_solvers.kl_bounds`) solve a small fixed grid: float32 and float64
-log-probs, p log-spaced over [1e-6, 0.5] and 1 - p over [1e-6, 0.5], at the float radii `CHECK_RADII` and at the radii
-`PER_TOKEN_RADII` given as one per-token radius tensor. They must agree within the accuracy targets of
-docs/band-operator.md: `TOLERANCE[dtype] * max(1, r)`. If they do not, or the kernel fails to run, a
-`KernelCheckWarning` names the worst point (dtype, bound, p, radius, both values) and the kernel is not used on
-that device for the rest of the process: "auto" solves with torch, an explicit "triton" is an error.
-
-Only the check reads values on the host; afterwards the verdict is a dictionary lookup, so later calls never
-synchronise. Under `torch.compile` the check runs when the call is traced and its verdict is a constant of the
-graph; inside a CUDA-graph capture an unchecked device cannot be checked (a host read breaks the capture), so
-that call does not use the kernel: call `band_bounds` once before capturing.
-
-`TRL_BANDPO_KL_KERNEL` (`ENV_VAR`) chooses: `auto` (the default) checks, `trust` uses the kernel unchecked, `off`
-never uses it.
+Before the kernel first runs on a device, in each process, it and the torch solver solve a small fixed grid (float32
+and float64, p and 1 - p log-spaced over [1e-6, 0.5], the radii `CHECK_RADII` and a per-token tensor of
+`PER_TOKEN_RADII`) and must agree within `TOLERANCE[dtype] * max(1, r)`. If not, or if the kernel fails, a
+`KernelCheckWarning` names the worst point and the kernel is not used on that device: "auto" solves with torch, an
+explicit "triton" is an error. Later calls only look the verdict up (no host synchronisation).
+`TRL_BANDPO_KL_KERNEL` (`ENV_VAR`): `auto` (default) checks, `trust` uses the kernel unchecked, `off` never uses it.
 """
 
 from __future__ import annotations
@@ -29,20 +20,6 @@ import torch
 
 from ..core.band_solvers import kl_bounds
 from .runtime import triton_unavailable_reason
-
-__all__ = [
-    "CHECK_RADII",
-    "ENV_VAR",
-    "MODES",
-    "PER_TOKEN_RADII",
-    "TOLERANCE",
-    "CheckResult",
-    "KernelCheckWarning",
-    "compare_kernel_with_torch",
-    "kernel_check_verdicts",
-    "kl_kernel_mode",
-    "kl_kernel_unavailable_reason",
-]
 
 ENV_VAR = "TRL_BANDPO_KL_KERNEL"
 #: auto: check once per device, then use the kernel if it agrees; trust: use it unchecked; off: never use it.
@@ -157,13 +134,7 @@ def kl_kernel_unavailable_reason(tensor: torch.Tensor) -> str | None:
     return _verdict(str(tensor.device))
 
 
-def _constant_when_traced(fn):
-    """`torch._dynamo.assume_constant_result`: Dynamo runs `fn` when it traces a call and keeps the result."""
-    mark = getattr(getattr(torch, "_dynamo", None), "assume_constant_result", None)
-    return fn if mark is None else mark(fn)
-
-
-@_constant_when_traced
+@torch._dynamo.assume_constant_result  # under torch.compile: checked when traced, a constant of the graph
 def _verdict(device: str) -> str | None:
     verdict = _verdicts.get(device, _verdicts)  # `_verdicts` itself: not checked yet
     if verdict is not _verdicts:

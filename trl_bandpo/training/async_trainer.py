@@ -1,25 +1,10 @@
-"""Every registered policy loss with TRL's asynchronous GRPO trainer: `AsyncPolicyLossTrainer`, `AsyncBandPOTrainer`
-and `AsyncDGPOTrainer`, with their configs (docs/off-policy-and-async.md).
+"""Every registered policy loss with TRL's experimental asynchronous GRPO trainer (docs/off-policy-and-async.md).
 
-`trl.experimental.async_grpo.AsyncGRPOTrainer` (experimental in TRL 1.16: its API may change in any release) trains
-on rollout samples that a vLLM server generated with an earlier version of the policy. Each sample carries the
-log-probs it was sampled with (`old_log_probs`): they are the old policy of the ratio, and the bounds of the selected
-loss are computed from them, per micro-batch.
-
-`AsyncPolicyLossTrainer.compute_loss` is TRL's `AsyncGRPOTrainer.compute_loss` with our changes applied as patches at
-import (`trl_bandpo.training.trl_patches`, as `trainer.py` does for the synchronous trainer): the policy term is the
-registered loss, the clip ratios use the bounds in force, and our count and staleness metrics are added.
-`tests/test_async_trainer.py` checks that with `policy_loss="clip"` the loss, gradients and metrics equal
-AsyncGRPOTrainer's.
-
-Staleness. TRL tags each rollout sample with the model version that generated it, and drops the tag when it packs
-samples into a micro-batch. Two thin wrappers carry it to the loss, unchanged otherwise: the trainer reads the rollout
-queue through `_VersionTaggingQueue` (each sample's version rides in its per-sample metrics), and TRL's collator is
-followed by a step that takes the version back out and adds each sample's lag to the batch.
-
-The configs add our fields to `AsyncGRPOConfig`, each copied from `PolicyLossConfig` (default, help, choices, check):
-the policy loss and every field a registered loss reads that `AsyncGRPOConfig` lacks, checked by the same functions
-as the synchronous configs (`check_fields`, `check_settings`), so both families refuse the same values.
+The old policy of the ratio is each rollout sample's `old_log_probs`, and the bounds are computed from them per
+micro-batch. `compute_loss` is TRL's with the `COMPUTE_LOSS_PATCHES` applied at import (`trl_patches`). For the
+staleness metrics each sample's model version rides through TRL's pipeline in its per-sample metrics
+(`_VersionTaggingQueue`), and the collator adds each sample's lag to the batch. The configs copy our fields from
+`PolicyLossConfig` and run the same checks (`check_fields`, `check_settings`).
 """
 
 from __future__ import annotations
@@ -49,16 +34,6 @@ from .configs import (
 from .library_noise import library_noise_filtered
 from .policy_term import PolicyTerm, check_engine_logprobs
 from .trl_patches import Patch, patch_method
-
-__all__ = [
-    "COMPUTE_LOSS_PATCHES",
-    "AsyncBandPOConfig",
-    "AsyncBandPOTrainer",
-    "AsyncDGPOConfig",
-    "AsyncDGPOTrainer",
-    "AsyncPolicyLossConfig",
-    "AsyncPolicyLossTrainer",
-]
 
 # Per-sample metrics key that carries a sample's model version from the rollout queue to the collator.
 _VERSION_KEY = "trl_bandpo/model_version"

@@ -1,18 +1,7 @@
-"""Resuming inside a generation batch: the buffered batch is part of a checkpoint (docs/training.md, "Resuming").
-
-GRPOTrainer generates a batch once and trains on it for `steps_per_generation x num_iterations` micro-steps, from a
-buffer that checkpoints do not hold: a run resumed between two of those updates regenerates at once and skips the
-remaining passes over the old batch. `GenerationBufferCheckpointing` saves, with every checkpoint and one file per
-process, the buffer, the micro-step counter that indexes it and the random state that draws dynamic sampling's extra
-prompts, and restores them on resume, so a resumed run equals the uninterrupted one.
-
-The file is written after the model and optimizer and before `trainer_state.json` (the mark of a complete
-checkpoint), through a temporary file and a rename; it holds only tensors and plain containers and is read with
-`torch.load(weights_only=True)`, so a checkpoint folder from elsewhere cannot execute code. With the buffer it saves
-the settings the buffer was made under (`buffer_settings`: the batch layout, the policy loss and its bounds, ...): a
-run resumed under other settings does not replay it, but regenerates, with a warning naming each changed setting.
-`train(resume_from_checkpoint=True)` skips a newest checkpoint that has no `trainer_state.json` (a save that was
-interrupted), with a warning naming it.
+"""Resuming inside a generation batch (docs/training.md, "Resuming"): every checkpoint holds, one file per process,
+GRPOTrainer's buffered generation batch, the micro-step counter that indexes it, dynamic sampling's random state and
+the settings the batch was made under, so a resumed run equals the uninterrupted one. The file holds only tensors and
+plain containers (read with `weights_only=True`); under other settings the batch is not replayed, with a warning.
 """
 
 from __future__ import annotations
@@ -24,8 +13,6 @@ import warnings
 import torch
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
-__all__ = ["BUFFER_FILE", "GenerationBufferCheckpointing", "buffer_settings", "last_complete_checkpoint"]
 
 #: Per-process file of a checkpoint holding the generation batch still being trained on.
 BUFFER_FILE = "generation_buffer_rank{rank}.pt"

@@ -17,6 +17,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import torch
 import transformers
 import trl
 from transformers.utils import logging
@@ -25,6 +26,7 @@ from trl import GRPOConfig
 from ..core.band import DIVERGENCES, SOLVERS
 from ..core.checks import Choice, Flag, Integer, Number, refuse
 from ..core.losses import POLICY_LOSSES, policy_loss_spec, registered_policy_losses
+from .library_noise import library_noise_filtered
 
 logger = logging.get_logger(__name__)
 
@@ -66,7 +68,8 @@ class PolicyLossConfig(GRPOConfig):
             `"dgpo"` ([paper](https://arxiv.org/abs/2603.14389)), `"gppo"`, `"ce_gppo"`, `"aspo"`, `"cispo"` (the DGPO
             paper's baselines; `"cispo"` clips the weight on both sides as that paper ran it), `"band_dgpo"` (DGPO's
             decay outside the Band bounds, beyond both papers), `"dppo_tv"`, `"dppo_kl"` (DPPO-Binary,
-            docs/band-and-dppo.md), any loss registered since, or an import path `package.module:loss`. Everything
+            docs/band-and-dppo.md), `"drpo"`, `"spo"` (smooth regularisers in place of the clip), `"ipo"` (prime-rl's
+            masked loss with a KL term), any loss registered since, or an import path `package.module:loss`. Everything
             but `"clip"` requires `loss_type` in `grpo`, `bnpo`, `dr_grpo`, `dapo`.
         band_divergence (`str`, defaults to `"kl"`):
             f-divergence of the Band trust region: `"kl"`, `"tv"`, `"chi2"`, `"reverse_kl"`, `"hellinger"`, `"js"`.
@@ -101,6 +104,24 @@ class PolicyLossConfig(GRPOConfig):
         dppo_ratio_cap (`float` or `None`, defaults to `20.0`):
             DPPO's truncation `C` of the importance weight, `min(r, C)` (`None`: no truncation). 20 is verl's own
             fallback; the authors' scripts set 10,000 (effectively off), as our DPPO recipes do.
+        drpo_epsilon (`float`, defaults to `12.5`):
+            DRPO's regularization threshold ε > 0: the penalty `|A| p (r - 1)^2 / (2 ε)` turns a token's gradient
+            weight negative once `|q - p|` exceeds ε on its advantage's side (docs/policy-losses.md). 12.5 as the
+            DRPO authors trained (their `DRPOConfig.drpo_epsilon`).
+        spo_epsilon (`float`, defaults to `12.5`):
+            SPO's threshold ε > 0 on the ratio: penalty `|A| (r - 1)^2 / (2 ε)`, the weight turns negative once
+            `|r - 1|` exceeds ε on the advantage's side. 12.5 as the DRPO authors ran SPO.
+        ipo_mask_low (`float`, defaults to `0.1`):
+            prime-rl's IPO: a token whose probability fell by more than this (`p - q`) is masked, whatever its
+            advantage. 0.1 is prime-rl's `ipo_threshold`; its 2026 default loss used 0.2 on both sides.
+        ipo_mask_high (`float`, defaults to `0.1`):
+            prime-rl's IPO: a token whose probability rose by more than this (`q - p`) is masked, whatever its
+            advantage.
+        ipo_kl_tau (`float`, defaults to `0.001`):
+            Weight of IPO's KL term `(log r)^2` on every completion token (prime-rl's `kl_tau`; it is not TRL's
+            `beta`, which penalises the KL to the reference model).
+        ipo_adv_tau (`float`, defaults to `1.0`):
+            IPO's scale of the advantages in its policy term (prime-rl's `adv_tau`).
 
         > Adaptive per-token radius (an extension, docs/extensions.md)
 
@@ -135,10 +156,7 @@ class PolicyLossConfig(GRPOConfig):
             and skips the trainer's old-policy pass).
     """
 
-    policy_loss: str = field(
-        default="clip",
-        metadata={"help": _POLICY_LOSS_HELP},
-    )
+    policy_loss: str = field(default="clip", metadata={"help": _POLICY_LOSS_HELP})
     band_divergence: str = field(default="kl", metadata={"help": "Band f-divergence.", "choices": list(DIVERGENCES)})
     band_radius: float = field(default=0.05, metadata={"help": "Band trust-region radius delta."})
     band_solver: str = field(default="auto", metadata={"help": "Band bound solver.", "choices": list(SOLVERS)})
@@ -162,6 +180,16 @@ class PolicyLossConfig(GRPOConfig):
     dppo_ratio_cap: float | None = field(
         default=20.0, metadata={"help": "DPPO truncation C of the importance weight min(r, C); None: no truncation."}
     )
+    drpo_epsilon: float = field(default=12.5, metadata={"help": "DRPO regularization threshold epsilon > 0."})
+    spo_epsilon: float = field(default=12.5, metadata={"help": "SPO regularization threshold epsilon > 0."})
+    ipo_mask_low: float = field(
+        default=0.1, metadata={"help": "IPO: mask tokens whose probability fell by more than this (any advantage)."}
+    )
+    ipo_mask_high: float = field(
+        default=0.1, metadata={"help": "IPO: mask tokens whose probability rose by more than this (any advantage)."}
+    )
+    ipo_kl_tau: float = field(default=1e-3, metadata={"help": "IPO: weight of its KL term (log r)^2 on every token."})
+    ipo_adv_tau: float = field(default=1.0, metadata={"help": "IPO: scale of the advantages in its policy term."})
     band_radius_by: str | None = field(
         default=None, metadata={"help": "Per-token Band radius: None (one radius for every token) or 'entropy'."}
     )
@@ -199,7 +227,8 @@ class PolicyLossConfig(GRPOConfig):
     def __post_init__(self):
         # Our checks first: a bad value of ours (or of the TRL fields below) must not hide behind a TRL error.
         check_fields(self)
-        super().__post_init__()
+        with library_noise_filtered():  # TRL's own default, gradient_checkpointing, is deprecated in transformers
+            super().__post_init__()
         check_settings(self)
 
 
@@ -256,7 +285,7 @@ def check_settings(config, defaults: dict | None = None) -> None:
     if spec.check is not None:
         bound_kwargs, loss_kwargs = spec.kwargs_from_config(config)
         labels = {hp.name: hp.field for hp in spec.hyperparameters if hp.field is not None}
-        device = "cpu" if getattr(config, "use_cpu", False) or not _cuda_available() else "cuda"
+        device = "cpu" if getattr(config, "use_cpu", False) or not torch.cuda.is_available() else "cuda"
         spec.check({**bound_kwargs, **loss_kwargs}, labels, device)
     for name, reason in spec.incompatible.items():
         if hasattr(config, name) and getattr(config, name) != defaults[name]:
@@ -277,8 +306,7 @@ def check_settings(config, defaults: dict | None = None) -> None:
                 f"steps_per_generation = {local_batch}) to be a multiple of num_generations "
                 f"({config.num_generations}), so that no prompt group straddles two processes."
             )
-    if getattr(config, "old_logps_source", "trainer") == "rollout":
-        _check_rollout_source(config)
+    _check_rollout_source(config)
     unused = _unused_settings(config, spec, defaults)
     if unused:
         warnings.warn(
@@ -290,8 +318,23 @@ def check_settings(config, defaults: dict | None = None) -> None:
 
 
 def _check_rollout_source(config) -> None:
-    """`old_logps_source="rollout"` takes the engine's sampling log-probs as the old policy: it needs vLLM, and
-    refuses the two settings that would read the trainer-side old-policy pass it skips."""
+    """Where the old policy is the engine's sampling log-probs, the settings that cannot go with it, each refused by
+    name: `old_logps_source="rollout"` needs vLLM and refuses the settings that would read the trainer-side
+    old-policy pass it skips; it and the asynchronous configs (no `old_logps_source`: their old log-probs are always
+    the rollout's) refuse sampling settings under which those log-probs are not the model's
+    (`_rollout_logps_distortions`)."""
+    source = getattr(config, "old_logps_source", None)
+    if source is None:  # the asynchronous family: the old policy is each rollout sample's log-probs
+        distorted = _rollout_logps_distortions(config)
+        if distorted:
+            raise ValueError(
+                f"The asynchronous trainer takes the log-probs vLLM sampled each token with as the old policy, which "
+                f"cannot be combined with {', '.join(distorted)}: {_DISTORTION_REASON} It has no trainer-side "
+                f"old-policy pass to use instead: sample without them ({_NEUTRAL_SAMPLING_ASYNC})."
+            )
+        return
+    if source != "rollout":
+        return
     if not config.use_vllm:
         raise ValueError(
             "old_logps_source='rollout' needs use_vllm=True: the old log-probs are those vLLM returns with each "
@@ -309,6 +352,64 @@ def _check_rollout_source(config) -> None:
             "adaptive radius reads the old policy's entropies, which vLLM does not return (they come from the "
             "trainer's old-policy pass that 'rollout' skips). Use old_logps_source='trainer' or band_radius_by=None."
         )
+    distorted = _rollout_logps_distortions(config)
+    if distorted:
+        raise ValueError(
+            f"old_logps_source='rollout' cannot be combined with {', '.join(distorted)}: {_DISTORTION_REASON} Use "
+            f"old_logps_source='trainer' (the trainer's own old-policy pass: every ratio starts at 1), or sample "
+            f"without them ({_NEUTRAL_SAMPLING})."
+        )
+
+
+_DISTORTION_REASON = (
+    "vLLM returns each sampled token's log-prob after its sampling processing (top-p, top-k and min-p keep part of "
+    "the vocabulary and renormalise over it; min_tokens removes the end-of-sequence token; penalties and biases "
+    "shift the logits), which the trainer's model does not apply, so every token's ratio would start away from 1 "
+    "(at the kept probability mass under truncation) and the trust region would clip or mask tokens that have not "
+    "moved."
+)
+_NEUTRAL_SAMPLING_ASYNC = "top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0"
+_NEUTRAL_SAMPLING = f"{_NEUTRAL_SAMPLING_ASYNC}, and generation_kwargs without sampling settings such as min_tokens"
+
+
+def _rollout_logps_distortions(config) -> list[str]:
+    """The sampling settings of `config` under which vLLM's sampling log-probs (its `processed_logprobs`) differ from
+    the log-probs of the model the trainer holds, each as `name=value` (`top_p=0.8`,
+    `generation_kwargs['min_tokens']=16`): truncation (top-p < 1, top-k > 0, min-p > 0, and min_tokens > 0, which
+    masks the end-of-sequence token), penalties, logit biases, allowed or banned tokens, and a sampling temperature
+    other than the one the trainer divides the logits by. A key of `generation_kwargs` overrides the config's field
+    of that name, as in TRL's vLLM generation; fields a config family lacks (the async configs have no
+    `generation_kwargs`) are skipped."""
+    import json
+
+    extra = getattr(config, "generation_kwargs", None) or {}
+    if isinstance(extra, str):  # before TRL parses it (its __post_init__ turns a JSON string into a dict)
+        extra = json.loads(extra)
+    changed = {
+        "top_p": lambda v: v < 1,
+        "top_k": lambda v: v > 0,  # 0 and -1: no top-k
+        "min_p": lambda v: v > 0,
+        "min_tokens": lambda v: v > 0,
+        "repetition_penalty": lambda v: v != 1,
+        "presence_penalty": lambda v: v != 0,
+        "frequency_penalty": lambda v: v != 0,
+        "logit_bias": bool,
+        "allowed_token_ids": bool,
+        "bad_words": bool,
+    }
+    found = []
+    for name, is_changed in changed.items():
+        label, value = (f"generation_kwargs[{name!r}]", extra[name]) if name in extra else (name, None)
+        if name not in extra and hasattr(config, name):
+            value = getattr(config, name)
+        if value is not None and is_changed(value):
+            found.append(f"{label}={value!r}")
+    if "temperature" in extra and extra["temperature"] != getattr(config, "temperature", 1.0):
+        found.append(
+            f"generation_kwargs['temperature']={extra['temperature']!r} (the trainer divides the logits by "
+            f"temperature={getattr(config, 'temperature', 1.0)!r})"
+        )
+    return found
 
 
 def _unused_settings(config, spec, defaults: dict) -> dict[str, str]:
@@ -337,16 +438,7 @@ def _unused_settings(config, spec, defaults: dict) -> dict[str, str]:
 
 def _loss_fields() -> set[str]:
     """The fields, ours and TRL's (`epsilon`, `epsilon_high`, `delta`), that some registered loss reads."""
-    fields = set()
-    for spec in registered_policy_losses().values():
-        fields |= set(spec.config_fields)
-    return fields
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+    return {name for spec in registered_policy_losses().values() for name in spec.config_fields}
 
 
 #: The papers, for the model card TRL writes on save.
@@ -381,10 +473,7 @@ class BandPOConfig(PolicyLossConfig):
             Per-token policy loss; see [`PolicyLossConfig`].
     """
 
-    policy_loss: str = field(
-        default="band",
-        metadata={"help": _POLICY_LOSS_HELP},
-    )
+    policy_loss: str = field(default="band", metadata={"help": _POLICY_LOSS_HELP})
 
 
 @dataclass
@@ -400,10 +489,7 @@ class DGPOConfig(PolicyLossConfig):
             Per-token policy loss; see [`PolicyLossConfig`].
     """
 
-    policy_loss: str = field(
-        default="dgpo",
-        metadata={"help": _POLICY_LOSS_HELP},
-    )
+    policy_loss: str = field(default="dgpo", metadata={"help": _POLICY_LOSS_HELP})
 
 
 # -- Serving a config of the GRPOConfig family (a project's own `class MyConfig(GRPOConfig)`) -------------------------

@@ -1,22 +1,12 @@
-"""Dynamic sampling (DAPO's `filter_groups`): drop prompt groups whose rewards all agree, and generate more prompts
-until the generation batch is full (docs/extensions.md, "Dynamic sampling").
-
-A group whose completions all got the same reward has zero advantage everywhere: it adds no policy gradient, only
-noise in the normalisation. With `dynamic_sampling=True` each process keeps the groups with a non-zero advantage,
-draws fresh prompts for the rest (up to `dynamic_sampling_max_rounds` extra generation rounds), and trains on a
-batch of the usual size. If the rounds run out first, the missing groups are filled with dropped ones whose tokens
-are masked out: the update uses what there is, and the logs say how much.
-
-All processes run the same number of rounds (the decision is reduced across processes), so the collective calls
-inside generation (vLLM server or colocate, reward gathering) stay in step. Groups must not straddle processes:
-each process's generation batch must hold whole groups (checked when the config is built and at run time).
+"""Dynamic sampling (DAPO's `filter_groups`, docs/extensions.md): drop prompt groups whose rewards all agree and
+generate more prompts until the generation batch is full; when the rounds run out, dropped groups fill the batch with
+their tokens masked out. All processes run the same number of rounds, so the collectives inside generation stay in
+step; each process's generation batch must hold whole groups.
 """
 
 from __future__ import annotations
 
 import torch
-
-__all__ = ["DynamicSampling", "group_has_signal", "merge_generation_outputs", "select_rows"]
 
 # Keys of GRPOTrainer's generation output, by how they are padded when outputs of several rounds are merged.
 _PROMPT_KEYS = {"prompt_ids": "pad", "prompt_mask": 0}

@@ -1,11 +1,5 @@
-"""Library messages that are not the user's to act on, filtered narrowly around our entry points.
-
-On every CPU run transformers 5 warns four times that `gradient_checkpointing` and three methods around it are
-deprecated (TRL's `GRPOConfig` sets the field by default and TRL's trainer calls the methods: no recipe can avoid
-them), and DeepSpeed, imported by accelerate, logs that it fell back to its CPU accelerator. `library_noise_filtered`
-drops exactly those messages, each by its whole text and category (DeepSpeed's by its logger), for the duration of
-a block; every other warning and log line passes. Nothing is filtered at import of `trl_bandpo`.
-"""
+"""Library messages that are not the user's to act on, filtered by their whole text within a block: transformers'
+deprecations of `gradient_checkpointing` (TRL's default, and TRL's calls) and DeepSpeed's CPU-accelerator line."""
 
 from __future__ import annotations
 
@@ -13,8 +7,6 @@ import contextlib
 import logging
 import re
 import warnings
-
-__all__ = ["DEEPSPEED_CPU_LINE", "LIBRARY_FUTURE_WARNINGS", "library_noise_filtered"]
 
 #: The FutureWarnings transformers (`transformers.training_args`, `transformers.modeling_utils`) emits for TRL's own
 #: default (`gradient_checkpointing=True`) and calls, whole texts.
@@ -44,8 +36,10 @@ def library_noise_filtered():
             # By the whole text, not the module: the trainers re-emit the library warnings raised while they are
             # built at the caller's line (`trl_bandpo.training.trainer`), so the module they carry is the caller's.
             warnings.filterwarnings("ignore", message=re.escape(message) + r"\Z", category=FutureWarning)
+        added = _not_deepspeed_cpu_line not in deepspeed_logger.filters  # a nested block leaves the outer one's
         deepspeed_logger.addFilter(_not_deepspeed_cpu_line)
         try:
             yield
         finally:
-            deepspeed_logger.removeFilter(_not_deepspeed_cpu_line)
+            if added:
+                deepspeed_logger.removeFilter(_not_deepspeed_cpu_line)

@@ -1,18 +1,8 @@
-"""The old policy of the ratio: one hook on GRPOTrainer's old-policy pass, serving the adaptive radius and
-`old_logps_source="rollout"` (docs/extensions.md, "Adaptive per-token radius"; docs/off-policy-and-async.md).
-
-GRPOTrainer's `_generate_and_score_completions` calls `_generate` (the rollouts), then, when training is off-policy
-(`gradient_accumulation_steps` no multiple of `steps_per_generation * num_iterations`) or vLLM's importance-sampling
-correction is on, its old-policy pass, `_get_per_token_logps_and_entropies(self.model, ...)`, whose log-probs it
-stores as `old_per_token_logps`; then, with a KL term, the reference pass. `OldPolicyPass` marks the first policy pass
-after `_generate` as the old-policy pass when TRL will make one, and in it
-
-- asks the same forward for the old policy's entropies too (the adaptive radius: no extra pass), or
-- with `old_logps_source="rollout"`, skips the forward (a NaN placeholder); the engine's sampling log-probs take the
-  place of its result once generation is done.
-
-After generation, what TRL stored as `old_per_token_logps` must be that pass's very tensor: a TRL version that moved
-the pass fails with an error instead of pairing the wrong tensors.
+"""The old policy of the ratio: one hook on GRPOTrainer's old-policy pass (docs/extensions.md, "Adaptive per-token
+radius"; docs/off-policy-and-async.md). When TRL will make that pass, the first policy pass after `_generate` is
+marked as it, and in it the same forward also returns the old policy's entropies (the adaptive radius), or, with
+`old_logps_source="rollout"`, the forward is skipped and the engine's sampling log-probs take its place. What TRL
+stored as `old_per_token_logps` must be that pass's very tensor: a TRL version that moved the pass is an error.
 """
 
 from __future__ import annotations
@@ -22,8 +12,6 @@ from transformers.utils import logging
 
 from ..core.radius import check_radius_fn_output, correlation, entropy_radius, masked_sum, radius_statistics
 from .policy_term import check_engine_logprobs
-
-__all__ = ["OLD_ENTROPIES_KEY", "OldPolicyPass"]
 
 logger = logging.get_logger(__name__)
 

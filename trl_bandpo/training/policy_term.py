@@ -1,11 +1,6 @@
-"""The policy term both trainers share: the selected loss, its bounds, its per-token loss and its count metrics.
-
-`PolicyTerm` is a mixin for TRL's `GRPOTrainer` (`trl_bandpo.training.trainer`) and `AsyncGRPOTrainer`
-(`trl_bandpo.training.async_trainer`). Before TRL's constructor runs, `_setup_policy_term` reads our settings from
-the config (`policy_settings`: a config of ours as it is, or a project's own config of TRL's family seen with our
-fields at their defaults, checked the same way), and the loss's hyper-parameters from the registry entry. Each
-trainer's loss then calls `_policy_bounds`, `_per_token_policy_loss` and `_policy_counts`; the counts are summed over
-processes and accumulation steps and divided once, at logging (docs/metrics.md, "How values are aggregated").
+"""The policy term both trainers share (`PolicyTerm`, a mixin for `GRPOTrainer` and `AsyncGRPOTrainer`): the
+selected loss with its hyper-parameters, read before TRL's constructor runs, its bounds, its per-token loss and its
+count metrics, summed over processes and accumulation steps and divided once at logging (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -20,8 +15,6 @@ from ..core.losses import policy_loss_spec
 from ..core.metrics import clip_counts
 from .configs import is_library_file, policy_settings, user_frame
 from .library_noise import LIBRARY_FUTURE_WARNINGS, library_noise_filtered
-
-__all__ = ["PolicyTerm", "check_engine_logprobs", "check_model_name"]
 
 #: The largest log-prob accepted from an inference engine: above it a token's probability exceeds 1 by more than
 #: rounding.

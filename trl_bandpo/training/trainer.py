@@ -1,15 +1,8 @@
 """BandPOTrainer and DGPOTrainer: GRPOTrainer with the per-token policy term swapped for a registered policy loss.
 
-TRL's `GRPOTrainer._compute_loss` has no smaller hook, so ours is TRL's method with five changes applied as patches
-when this module is imported (`trl_bandpo.training.trl_patches`: built from the installed TRL's source, loud on
-mismatch; the project carries no copy of it): non-finite old log-probs are replaced; the per-`loss_type` policy terms
-become one call to the registered loss (`_per_token_policy_loss`), with bounds computed once per generation batch;
-the clip ratios are taken against the bounds in force; and our count metrics are added. Loss types with their own
-policy term (`TRL_PER_TOKEN_LOSS_TYPES`) run TRL's method unchanged. Everything else is TRL's: the fused log-prob and
-entropy forward, entropy mask, off-policy mask, KL term, vLLM importance-sampling correction, token/sequence
-importance sampling, the normaliser of each `loss_type`, entropy bonus, aux loss and TRL's metrics.
-`tests/test_trl_parity.py` checks that with `policy_loss="clip"` the loss, gradients and metrics equal GRPOTrainer's
-(docs/upgrading-trl.md).
+`GRPOTrainer._compute_loss` has no smaller hook, so ours is TRL's method with the `COMPUTE_LOSS_PATCHES` applied at
+import (`trl_patches`, docs/upgrading-trl.md); everything else is TRL's. Loss types with their own policy term
+(`TRL_PER_TOKEN_LOSS_TYPES`) run TRL's method unchanged.
 """
 
 from __future__ import annotations
@@ -23,8 +16,6 @@ from .dynamic_sampling import DynamicSampling
 from .old_policy import OLD_ENTROPIES_KEY, OldPolicyPass
 from .policy_term import PolicyTerm
 from .trl_patches import Patch, patch_method
-
-__all__ = ["COMPUTE_LOSS_PATCHES", "BandPOTrainer", "DGPOTrainer", "PolicyLossTrainer"]
 
 _BOUND_KEYS = ("policy_lower_bound", "policy_upper_bound")
 
