@@ -31,7 +31,10 @@ order. The table gives:
 - where the trainer's old-policy pass ran: the mean and largest |engine log-prob - trainer log-prob| over every
   completion token, same weights and tokens (the mismatch that ``old_logps_source="rollout"`` puts inside the trust
   region). With forced lengths it includes vLLM's renormalisation without the end-of-sequence token (``min_tokens``
-  is a logit processor the trainer does not apply): measure the numerical gap with ``--force-length off``.
+  is a logit processor the trainer does not apply): measure the numerical gap with ``--force-length off``. For the
+  same reason ``band_rollout`` runs only with ``--force-length off``: ``old_logps_source="rollout"`` refuses
+  ``min_tokens`` (and top-p, top-k, min-p: ``benchmarks/bench_rollout_ratio.py`` measures what they do to the
+  ratio).
 
 Two things here are the real-vLLM tier's, not TRL's: the weight push is the tier's CPU stand-in
 (tests/real_vllm/cpu_weight_push.py: vLLM's ``reload_weights``; TRL's NCCL / ``load_weights`` push cannot run on
@@ -338,6 +341,12 @@ def main(argv=None) -> int:
         parser.error(f"--methods: distinct names from {list(METHODS)}, got {args.methods!r}")
     if "band_rollout" in methods and args.is_correction == "on":
         parser.error("--methods band_rollout needs --is-correction off (the correction would apply twice)")
+    if "band_rollout" in methods and args.force_length == "on":
+        parser.error(
+            "--methods band_rollout needs --force-length off: forced lengths use vLLM's min_tokens, which "
+            "old_logps_source='rollout' refuses (the engine's log-probs are renormalised without the end-of-sequence "
+            "token; docs/off-policy-and-async.md)"
+        )
     spg = args.steps_per_generation
     if spg < 1 or args.warmup % spg or args.steps % spg:
         parser.error("--warmup and --steps must be multiples of --steps-per-generation (>= 1)")

@@ -14,7 +14,9 @@
 # OUT (a folder this script can write; an output that cannot be written later fails the run too).
 #
 # $OUT holds two files, rewritten after every step (a device call returns at most 8): summary.md, every step's
-# output one after the other, and results.tar.gz, the same outputs as the files named below.
+# output one after the other, and results.tar.gz, the same outputs as the files named below. The working folder the
+# steps write to (mktemp -d, under $TMPDIR) is removed on every exit: the end of the run, a failure, or SIGINT /
+# SIGTERM / SIGHUP (which also stop the step that is running).
 #
 # A machine without trl gets it from .whl/ (installed with --no-deps into /tmp/site, put first on PYTHONPATH).
 # Steps and outputs (in results.tar.gz):
@@ -59,6 +61,15 @@ command -v "$PY" >/dev/null || fail "PYTHON='$PY' is not a command"
 OUT="${OUT:-${TMPDIR:-/tmp}/trl_bandpo_gpu_out}"
 { mkdir -p "$OUT" && : >"$OUT/summary.md"; } 2>/dev/null || fail "cannot write to the output folder OUT='$OUT'"
 WORK="$(mktemp -d)" || fail "cannot create a working folder (mktemp -d)"
+STEP_PID=""  # the running step's `timeout`, stopped on the way out
+cleanup() {
+  [[ -n "$STEP_PID" ]] && kill "$STEP_PID" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 unset TRITON_INTERPRET
 status=0
@@ -96,8 +107,12 @@ run_step() {
     return
   fi
   echo "run_gpu.sh: step $name (limit ${limit}s, at ${SECONDS}s)"
-  timeout "$limit" "$@" >"$out" 2>&1
+  # in the background, waited for: a signal to this script is handled at once (the trap stops the step), not after it
+  timeout "$limit" "$@" >"$out" 2>&1 </dev/null &
+  STEP_PID=$!
+  wait "$STEP_PID"
   local rc=$?
+  STEP_PID=""
   tail -n 25 "$out"
   if ((rc != 0)); then
     echo "run_gpu.sh: step $name FAILED (exit $rc$( ((rc == 124)) && echo ', time limit'))" | tee -a "$out"

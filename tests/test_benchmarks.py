@@ -1,6 +1,6 @@
 """The GPU run's harness works before a GPU is lent: `benchmarks/bench_train_gpu.py` trains GRPOTrainer and
-BandPOTrainer side by side on CPU and records finite losses, and `benchmarks/run_gpu.sh` parses and names only files
-and steps that exist."""
+BandPOTrainer side by side on CPU and records finite losses, and `benchmarks/run_gpu.sh` parses, names only files
+and steps that exist, refuses bad settings, and removes its working folder however it ends."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +112,55 @@ def test_run_gpu_script_refuses_an_unwritable_output_folder(tmp_path):
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert f"run_gpu.sh: error: cannot write to the output folder OUT='{out}'" in result.stderr
     assert result.stdout == ""
+
+
+SLOW_STEP = """#!/bin/sh
+# Stand-in for python: a step (pytest) writes its pid and sleeps; everything else succeeds at once.
+case "$*" in *pytest*) echo $$ > "$FAKE_PID"; exec sleep 60 ;; esac
+exit 0
+"""
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
+@pytest.mark.parametrize("python", ["true", "false"])
+def test_run_gpu_script_removes_its_working_folder(tmp_path, python):
+    """Issue 27, item 9: the working folder (mktemp -d under $TMPDIR) is gone when the run ends, passed or failed."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    result = _run_gpu(tmp_path, TMPDIR=str(tmpdir), RUN_GPU_STEPS="interpreter", PYTHON=python)
+    assert result.returncode == (0 if python == "true" else 1), result.stdout[-2000:] + result.stderr[-2000:]
+    assert "run_gpu.sh: step interpreter" in result.stdout and (tmp_path / "out" / "results.tar.gz").exists()
+    assert list(tmpdir.iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
+def test_run_gpu_script_stopped_by_a_signal_stops_its_step_and_removes_its_working_folder(tmp_path, sig, status):
+    tmpdir, pid_file, python = tmp_path / "tmp", tmp_path / "step.pid", tmp_path / "python"
+    tmpdir.mkdir()
+    python.write_text(SLOW_STEP)
+    python.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": str(python), "TMPDIR": str(tmpdir),
+           "FAKE_PID": str(pid_file), "RUN_GPU_STEPS": "interpreter"}  # fmt: skip
+    script = subprocess.Popen(["bash", str(ROOT / "benchmarks" / "run_gpu.sh")], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        step = int(pid_file.read_text())
+        assert len(list(tmpdir.iterdir())) == 1  # the working folder, while the step runs
+        script.send_signal(sig)
+        assert script.wait(timeout=20) == status  # at once, not after the step's 60 s
+    finally:
+        script.kill()
+    assert list(tmpdir.iterdir()) == []
+    for _ in range(100):  # the step was stopped too
+        try:
+            os.kill(step, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(step, signal.SIGKILL)
+        raise AssertionError("the step outlived the script")

@@ -220,7 +220,7 @@ def check_command(line: str) -> None:
         args = args[1:]
     if not args:
         return
-    program = re.sub(r"^\.venv[\w-]*/bin/", "", args[0])  # .venv/bin/python, .venv-vllm/bin/python (tests/real_vllm)
+    program = re.sub(r"^\.venv[\w.-]*/bin/", "", args[0])  # .venv/bin/python, .venv-vllm(-0.32.0)/bin/python
     if program == "trl-bandpo":
         check_trl_bandpo(args[1:])
     elif program in ("python", "python3") and args[1:2] == ["-m"]:
@@ -236,6 +236,8 @@ def check_command(line: str) -> None:
         check_module_command(args[at + 1], args[at + 2 :])
     elif program == "pip" and args[1:2] == ["install"]:
         check_pip_install(args[2:])
+    elif program == "vllm":
+        check_vllm_server_command(line)
     elif program in EXTERNAL_COMMANDS:
         return
     else:
@@ -325,3 +327,123 @@ def test_extensions_doc_does_not_claim_the_mean_radius_stays_at_delta():
     text = " ".join((REPO / "docs" / "extensions.md").read_text().split())
     assert "the mean radius stays near `δ`" not in text
     assert "1.36" in text and "band_radius_exponent" in text and "negative" in text
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The vLLM server command: the one TRL 1.16 recommends, never its deprecated subcommand
+# ------------------------------------------------------------------------------------------------------------------
+
+# Where a server command may be written: pages, recipes (their headers), scripts, the GPU run, the real-vLLM tier.
+SERVER_COMMAND_FILES = sorted(
+    {
+        *PAGES,
+        *(REPO / "recipes").rglob("*.yaml"),
+        *(REPO / "recipes").rglob("*.md"),
+        *(path for path in (REPO / "scripts").rglob("*") if path.is_file() and "__pycache__" not in path.parts),
+        REPO / "benchmarks" / "run_gpu.sh",
+        *(REPO / "tests" / "real_vllm").glob("*.py"),
+    }
+)
+# `trl vllm-serve` (deprecated in TRL 1.16, removed in 2.0), written in prose, in a shell line or as argv items; not
+# the `_vllm-server` recipe names.
+DEPRECATED_SERVER_COMMAND = re.compile(r"(?<![\w-])vllm-serve(?![\w-])")
+# What TRL's subcommand adds to the `vllm serve` arguments it translates (trl.scripts.vllm_serve.build_command).
+TRL_SERVER_SETTINGS = {
+    "--enable-scale-out": None,
+    "--weight-transfer-config": '{"backend": "nccl"}',
+    "--logprobs-mode": "processed_logprobs",
+    "--max-logprobs": "-1",
+}
+
+
+def check_vllm_server_command(line: str) -> None:
+    """A `vllm serve MODEL ...` line: vLLM's dev mode on, and every setting TRL's trainers need."""
+    args = shlex.split(line)
+    at = args.index("vllm")
+    assert args[at + 1 : at + 2] == ["serve"] and len(args) > at + 2, f"not a `vllm serve MODEL` command: {line!r}"
+    assert "VLLM_SERVER_DEV_MODE=1" in args[:at], f"VLLM_SERVER_DEV_MODE=1 missing before `vllm serve`: {line!r}"
+    for flag, value in TRL_SERVER_SETTINGS.items():
+        assert flag in args, f"{flag} missing: {line!r}"
+        if value is not None:
+            assert args[args.index(flag) + 1] == value, f"{flag} is not {value}: {line!r}"
+
+
+def server_command_lines(path: Path) -> list[str]:
+    """The `vllm serve MODEL ...` commands written in `path`: shell lines of any kind (comment markers and backslash
+    continuations removed), from the environment assignments before `vllm` to the end of the command."""
+    text = re.sub(r"\\\n[#\s]*", " ", path.read_text())
+    commands = []
+    for line in text.splitlines():
+        match = re.search(r"((?:[A-Z_]+=\S+ )*)vllm serve (?!\S*`)\S+ --.*", line.lstrip("#").strip())
+        if match:
+            commands.append(match.group(0))
+    return commands
+
+
+def test_the_deprecated_server_command_is_named_nowhere():
+    assert len(SERVER_COMMAND_FILES) > 20 and REPO / "scripts" / "slurm" / "multi_node.py" in SERVER_COMMAND_FILES
+    named = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in SERVER_COMMAND_FILES
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if DEPRECATED_SERVER_COMMAND.search(line)
+    ]
+    assert not named, "TRL 1.16 deprecates `trl vllm-serve`; write the command of docs/vllm.md:\n" + "\n".join(named)
+
+
+def test_every_server_command_is_the_one_trl_recommends():
+    """Every `vllm serve` command written in a recipe, a page or a script runs vLLM's dev mode with TRL's settings;
+    the settings are those TRL's own command builder adds, and the SLURM helper prints such a command."""
+    commands = {path: server_command_lines(path) for path in SERVER_COMMAND_FILES}
+    failures = []
+    for path, lines in commands.items():
+        for line in lines:
+            try:
+                check_vllm_server_command(line)
+            except AssertionError as err:
+                failures.append(f"{path.relative_to(REPO)}: {err}")
+    assert not failures, "\n".join(failures)
+    server_recipes = [path for path in commands if path.name.endswith(("_vllm-server.yaml", "_async.yaml"))]
+    assert server_recipes and all(len(commands[path]) == 1 for path in server_recipes)
+    for page in ("vllm.md", "multi-node.md", "training.md"):
+        assert commands[REPO / "docs" / page], f"docs/{page} shows no server command"
+
+    vllm_serve = pytest.importorskip("trl.scripts.vllm_serve")
+    with pytest.MonkeyPatch.context() as patch:  # the vllm extra's vLLM (>= 0.30), installed here or not
+        patch.setattr(vllm_serve, "is_vllm_available", lambda min_version=None: True)
+        built = vllm_serve.build_command(vllm_serve.ScriptArguments(model="m"))
+    for flag, value in TRL_SERVER_SETTINGS.items():
+        assert flag in built and (value is None or built[built.index(flag) + 1] == value), flag
+
+    spec = importlib.util.spec_from_file_location("multi_node_helper", REPO / "scripts" / "slurm" / "multi_node.py")
+    multi_node = importlib.util.module_from_spec(spec)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, spec.name, multi_node)  # its dataclasses look their module up
+        spec.loader.exec_module(multi_node)
+        printed = multi_node.vllm_command({"model_name_or_path": "org/model"}, 8)
+    check_vllm_server_command(shlex.join(printed))
+
+
+def test_the_server_command_checks_can_fail(tmp_path):
+    deprecated = "CUDA_VISIBLE_DEVICES=4 trl vllm-serve --model m --tensor-parallel-size 4"
+    assert DEPRECATED_SERVER_COMMAND.search(deprecated)
+    assert DEPRECATED_SERVER_COMMAND.search('argv = [program, "vllm-serve", "--model", model]')
+    assert not DEPRECATED_SERVER_COMMAND.search("recipes/bandpo/qwen2.5-3b-instruct_band-kl-0.05_vllm-server.yaml")
+    good = (
+        "CUDA_VISIBLE_DEVICES=4 VLLM_SERVER_DEV_MODE=1 vllm serve m --tensor-parallel-size 4 --enable-scale-out "
+        '--weight-transfer-config \'{"backend": "nccl"}\' --logprobs-mode processed_logprobs --max-logprobs -1'
+    )
+    check_vllm_server_command(good)
+    for bad in (
+        good.replace("VLLM_SERVER_DEV_MODE=1 ", ""),
+        good.replace(" --logprobs-mode processed_logprobs", " --logprobs-mode raw_logprobs"),
+        good.replace(" --enable-scale-out", ""),
+    ):
+        with pytest.raises(AssertionError):
+            check_vllm_server_command(bad)
+    header = tmp_path / "r.yaml"  # a recipe header: a comment line continued on the next
+    header.write_text("# Launch:\n#   " + good.replace(" --logprobs-mode", " \\\n#     --logprobs-mode") + "\nlr: 1\n")
+    (command,) = server_command_lines(header)
+    check_vllm_server_command(command)
+    assert command.startswith("CUDA_VISIBLE_DEVICES=4 VLLM_SERVER_DEV_MODE=1 vllm serve m ")
+    assert command.endswith("--logprobs-mode processed_logprobs --max-logprobs -1")

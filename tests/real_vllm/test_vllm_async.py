@@ -147,7 +147,7 @@ def test_async_run_learns_with_the_engine_following_the_weights(name, seed, vllm
     for entry in logs:
         for bucket in ("0", "1", "2", "3+"):
             share = entry[f"clip_ratio_by_lag/{bucket}"]
-            assert share != share or 0.0 <= share <= 1.0  # NaN: no sample of that lag in the step
+            assert share is None or 0.0 <= share <= 1.0  # None: no sample of that lag in the step
     key = "bounds/upper_mean" if name == "bandpo" else "loss"  # the Band's bounds are logged
     assert all(key in entry for entry in logs)
 
@@ -164,8 +164,36 @@ def test_async_run_learns_with_the_engine_following_the_weights(name, seed, vllm
         model_logprobs(initial_policy(vllm_model_dir), ids, start),
     )
 
+    # Where the server labels its weights (vLLM's weight-version routes), the versions the staleness metrics count are
+    # the engine's: every push labelled the engine's weights with the version TRL then published, the engine holds the
+    # last one, and (vLLM >= 0.32) a completion sampled now reports it for every token.
+    if push.labels_versions:
+        assert_engine_weight_versions_follow(vllm_server.base_url, trainer, push, ids[:start])
+
     # The task is learned.
     assert last > first + 0.1, f"{name} did not learn the toy task: rewards {rewards}"
+
+
+def assert_engine_weight_versions_follow(base_url, trainer, push, prompt_ids):
+    """The engine's weight version (`/weight_info`; and from vLLM 0.32 the per-token spans of a completion on
+    `/inference/v1/generate`) is the model version TRL's trainer reached, which counts the pushes: staleness in TRL's
+    versions is staleness in the engine's weights."""
+    import requests
+
+    assert trainer.model_version == push.pushes == MAX_STEPS + 1
+    info = requests.get(f"{base_url}/weight_info", timeout=30)
+    assert info.status_code == 200 and info.json()["weight_version"] == str(trainer.model_version), info.text
+    response = requests.post(
+        f"{base_url}/inference/v1/generate",
+        json={"token_ids": prompt_ids, "sampling_params": {"max_tokens": 4, "temperature": 1.0}},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+    (choice,) = response.json()["choices"]
+    print(f"engine weight version {info.json()['weight_version']}; per-token spans: {choice.get('weight_versions')}")
+    if "weight_versions" in choice:  # vLLM >= 0.32: the versions that sampled each token
+        spans = choice["weight_versions"]
+        assert spans == [{"version": str(trainer.model_version), "start": 0, "end": len(choice["token_ids"])}], spans
 
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -175,9 +203,11 @@ ASYNC_RECIPE = RECIPES / "async" / "qwen2.5-3b-instruct_band-kl-0.05_async.yaml"
 def test_async_recipe_trains_through_trl_bandpo_train(vllm_model_dir, vllm_server, tmp_path, monkeypatch, capsys):
     """The async recipe through `trl-bandpo train` (its `main`, in this process): the recipe's trainer and settings,
     with the tiny model, local problems, the tier's server, and the CPU stand-in in place of TRL's NCCL client."""
+    import torch
     import trl.experimental.async_grpo.async_grpo_trainer as async_module
     from cpu_weight_push import CpuWeightTransfer
 
+    import trl_bandpo.cli.train as train_module
     from trl_bandpo.cli.tiny_model import write_problems
     from trl_bandpo.cli.train import main
 
@@ -188,6 +218,16 @@ def test_async_recipe_trains_through_trl_bandpo_train(vllm_model_dir, vllm_serve
         return transfers[-1]
 
     monkeypatch.setattr(async_module, "WeightTransferClient", cpu_transfer)
+    # `trl-bandpo train` refuses async_rollouts without CUDA (TRL's NCCL transfer): here the stand-in replaces it, so
+    # that one check is told CUDA is there; the rest of the entry point's checks run as they are.
+    check_before_loading = train_module.check_before_loading
+
+    def check_with_the_stand_in(*args, **kwargs):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(torch.cuda, "is_available", lambda: True)
+            return check_before_loading(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "check_before_loading", check_with_the_stand_in)
     output_dir = tmp_path / "run"
     argv = [
         "--config", str(ASYNC_RECIPE), "--model_name_or_path", str(vllm_model_dir),

@@ -1,8 +1,9 @@
 """GRPOTrainer, BandPOTrainer and DGPOTrainer generating through a real vLLM engine, colocated and served.
 
 Every test runs in both modes (``mode``): all colocate cases first, on one in-process engine, then all server cases,
-on one `trl vllm-serve` server. Each training test ends with `assert_engine_follows_trained_weights`: the engine's
-log-probs of a fixed completion match the trained policy's, not the initial one's.
+on one server started with the command TRL recommends (``VLLM_SERVER_DEV_MODE=1 vllm serve``). Each training test
+ends with `assert_engine_follows_trained_weights`: the engine's log-probs of a fixed completion match the trained
+policy's, not the initial one's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from vllm_tier import (
     rare_reward,
     require_vllm,
     step_logs,
+    top_p_kept_mass,
 )
 
 import trl_bandpo.evaluation.validation as validation
@@ -267,3 +269,64 @@ def test_sleep_mode_is_refused_on_cpu(vllm_model_dir):
     assert current_platform.is_cpu() and not current_platform.is_sleep_mode_available()
     with pytest.raises(ValueError, match="Sleep mode is not supported on current platform"):
         LLM(model=str(vllm_model_dir), enable_sleep_mode=True, **ENGINE_OVERRIDES)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Truncated sampling: why old_logps_source="rollout" refuses it, and the server command
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_top_p_sampling_logps_start_every_ratio_at_the_kept_mass(mode, make, vllm_model_dir, tmp_path):
+    """With top_p=0.8 the engine's sampling log-prob of each token is the model's renormalised over the tokens top-p
+    keeps, so the rollout ratio (trainer's model / engine) starts at that position's kept mass S instead of 1: the
+    reason ``old_logps_source="rollout"`` refuses it (docs/off-policy-and-async.md). The trainer's own old-policy pass,
+    the alternative the refusal names, is the model's log-prob: its ratio starts at 1. Measured in
+    benchmarks/RESULTS.md with a larger model (bench_rollout_ratio.py)."""
+    from trl_bandpo import BandPOConfig
+
+    with pytest.raises(ValueError, match=r"top_p=0\.8"):
+        BandPOConfig(
+            output_dir=str(tmp_path), use_cpu=True, use_vllm=True, old_logps_source="rollout",
+            vllm_importance_sampling_correction=False, top_p=0.8,
+        )  # fmt: skip
+    trainer = make("bandpo", top_p=0.8, max_steps=1, vllm_importance_sampling_correction=False)
+    outputs = record_generation_outputs(trainer)
+    trainer.train()
+    (output,) = outputs  # sampled by the initial weights (the first generation pushes them)
+    mask = output["completion_mask"].bool()
+    prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
+    model = initial_policy(vllm_model_dir)
+    with torch.no_grad():
+        logits = model(
+            input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
+            attention_mask=torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1),
+        ).logits[:, prompt_ids.size(1) - 1 : -1]
+    model_logps = torch.log_softmax(logits.double(), dim=-1).gather(-1, completion_ids[..., None])[..., 0][mask]
+    kept = top_p_kept_mass(logits, 0.8)[mask]
+    rollout_ratio = torch.exp(model_logps - output["sampling_per_token_logps"].double()[mask])
+    trainer_ratio = torch.exp(model_logps - output["old_per_token_logps"].double()[mask])
+    print(
+        f"\nTOP-P-RATIO {mode}: {mask.sum().item()} tokens, rollout ratio mean {rollout_ratio.mean():.4f} "
+        f"(min {rollout_ratio.min():.4f}, max {rollout_ratio.max():.4f}), kept mass mean {kept.mean():.4f}, "
+        f"mean |ratio - S| {(rollout_ratio - kept).abs().mean():.2e}, trainer-pass ratio mean "
+        f"{trainer_ratio.mean():.6f}"
+    )
+    assert mask.sum() > 50 and kept.mean() < 0.95  # top-p dropped a real share of the mass
+    assert (rollout_ratio - kept).abs().max() < 1e-3  # token by token, the ratio is the kept mass
+    assert rollout_ratio.mean() < 0.95
+    assert (trainer_ratio - 1).abs().max() < 1e-4
+
+
+def test_the_server_command_carries_the_settings_trl_imposes():
+    """The fixture's server command (`vllm_tier.TRL_SERVER_FLAGS`, the one docs/vllm.md gives) has every setting
+    TRL 1.16's deprecated wrapper adds to what it translates, for the vLLM installed here."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+    from vllm_tier import TRL_SERVER_FLAGS
+
+    command = build_command(ScriptArguments(model="m"))
+    rest = command[command.index("m") + 1 :]
+    for flag in ("--host", "--port", "--tensor-parallel-size", "--data-parallel-size", "--gpu-memory-utilization",
+                 "--dtype", "--kv-cache-dtype", "--model-impl", "--uvicorn-log-level"):  # fmt: skip
+        at = rest.index(flag)  # a ScriptArguments field, translated: flag and value
+        del rest[at : at + 2]
+    assert rest == TRL_SERVER_FLAGS

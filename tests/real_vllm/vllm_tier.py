@@ -31,6 +31,16 @@ PROBE_PROMPT, PROBE_COMPLETION = "3+4=", "7, then 12+9=21"
 #: What the tier's engines change from TRL's settings (conftest.py says why): float32, eager.
 ENGINE_OVERRIDES = {"enforce_eager": True, "dtype": "float32"}
 
+#: The server command TRL 1.16 recommends (docs/vllm.md, "The server command"): `VLLM_SERVER_DEV_MODE=1 vllm serve
+#: MODEL ...` with these settings, which TRL's trainers need (the routes of TRL's client for multimodal prompts, the
+#: NCCL weight-transfer engine, log-probs after sampling processing, no cap on returned log-probs). TRL's deprecated
+#: wrapper passes the same (checked in test_vllm_training.py against its `build_command`).
+SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+TRL_SERVER_FLAGS = [
+    "--enable-scale-out", "--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
+    "--max-logprobs", "-1",
+]  # fmt: skip
+
 
 class ReusedEngine:
     """Answers TRL's colocated ``LLM(**kwargs)`` call with one engine, built on the first call.
@@ -164,6 +174,16 @@ def model_logprobs(model, ids: list[int], start: int) -> torch.Tensor:
     logps = torch.log_softmax(logits[:-1], dim=-1)
     targets = torch.tensor(ids[1:])
     return logps.gather(1, targets[:, None])[:, 0][start - 1 :]
+
+
+def top_p_kept_mass(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Per position, the probability mass that vLLM's top-p rule keeps: sort the probabilities, drop the low tail
+    whose cumulative mass is at most ``1 - top_p``, keep the most likely token in any case."""
+    probs = torch.softmax(logits.double(), dim=-1)
+    ascending, _ = probs.sort(dim=-1)
+    dropped = ascending.cumsum(dim=-1) <= 1 - top_p
+    dropped[..., -1] = False
+    return 1.0 - (ascending * dropped).sum(dim=-1)
 
 
 def initial_policy(model_dir):
