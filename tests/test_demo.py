@@ -178,7 +178,7 @@ def test_method_settings_and_arguments():
     dppo = demo.method_settings("dppo", 0.02)
     assert (dppo["policy_loss"], dppo["dppo_kl_radius"], dppo["dppo_ratio_cap"]) == ("dppo_kl", 0.02, 10000.0)
     assert "epsilon" not in demo.method_settings("band", 0.05)  # Band does not read epsilon: setting it would warn
-    for name in ("bandpo", "dppo", "band", "band_dgpo"):  # every method builds a config without "no effect" warnings
+    for name in ("bandpo", "dppo", "band", "band_dgpo", "drpo", "spo", "ipo"):  # every method builds a config without "no effect" warnings
         fields = {k: v for k, v in demo.method_settings(name, 0.02).items() if k != "label"}
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message=".*no effect.*")
@@ -256,7 +256,7 @@ def test_help_lists_every_method_the_demo_runs(capsys):
     text = " ".join(capsys.readouterr().out.split())
     listed = text[text.index("--methods METHOD") :]
     names = [*demo.METHOD_PRESETS, *POLICY_LOSSES]
-    assert {"adaptive_band", "band_dgpo", "dppo", "dppo_tv", "dppo_kl", "cispo"} <= set(names)
+    assert {"adaptive_band", "band_dgpo", "dppo", "dppo_tv", "dppo_kl", "cispo", "drpo", "spo", "ipo"} <= set(names)
     for name in names:
         assert re.search(rf"[\s:]{name}[,( ]", listed), name
         settings, _, _ = _check_args(demo.build_parser().parse_args(["--methods", name]))
