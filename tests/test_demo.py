@@ -178,7 +178,8 @@ def test_method_settings_and_arguments():
     dppo = demo.method_settings("dppo", 0.02)
     assert (dppo["policy_loss"], dppo["dppo_kl_radius"], dppo["dppo_ratio_cap"]) == ("dppo_kl", 0.02, 10000.0)
     assert "epsilon" not in demo.method_settings("band", 0.05)  # Band does not read epsilon: setting it would warn
-    for name in ("bandpo", "dppo", "band", "band_dgpo", "drpo", "spo", "ipo"):  # every method builds a config without "no effect" warnings
+    # every method builds a config without "no effect" warnings
+    for name in ("bandpo", "dppo", "band", "band_dgpo", "drpo", "spo", "ipo"):
         fields = {k: v for k, v in demo.method_settings(name, 0.02).items() if k != "label"}
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message=".*no effect.*")

@@ -397,12 +397,18 @@ def _rollout_logps_distortions(config) -> list[str]:
         "allowed_token_ids": bool,
         "bad_words": bool,
     }
+    if not isinstance(extra, dict):
+        extra = {}
     found = []
     for name, is_changed in changed.items():
         label, value = (f"generation_kwargs[{name!r}]", extra[name]) if name in extra else (name, None)
         if name not in extra and hasattr(config, name):
             value = getattr(config, name)
-        if value is not None and is_changed(value):
+        try:
+            distorts = value is not None and (is_changed(value) or value != value)  # NaN: not a neutral value
+        except TypeError:  # a value of the wrong type ("0.8") is no neutral value either
+            distorts = True
+        if distorts:
             found.append(f"{label}={value!r}")
     if "temperature" in extra and extra["temperature"] != getattr(config, "temperature", 1.0):
         found.append(
