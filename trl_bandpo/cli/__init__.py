@@ -58,8 +58,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 def print_patched_source() -> None:
     """Print each TRL method trl-bandpo runs patched (`trl_bandpo.training.trl_patches`), as it runs."""
     import inspect
+    import warnings
 
-    from ..training import async_trainer, trainer  # noqa: F401 - importing them applies the patches
+    with warnings.catch_warnings():  # TRL's "importing from trl.experimental" notice is not what was asked for
+        warnings.simplefilter("ignore")
+        from ..training import async_trainer, trainer  # noqa: F401 - importing them applies the patches
     from ..training.trl_patches import PATCHED_METHODS
 
     for name, function in PATCHED_METHODS.items():
