@@ -87,3 +87,24 @@ def test_the_checker_can_fail():
         resolve("trl_bandpo.NoSuchTrainer")
     with pytest.raises(AttributeError):
         resolve("trl_bandpo.core.no_such_module.f")
+
+
+TEST_FILE = re.compile(r"\btests/[\w/]+\.py\b")
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_named_test_file_exists(source):
+    missing = sorted({name for name in TEST_FILE.findall(text_of(source)) if not (REPO / name).is_file()})
+    assert not missing, f"{source.relative_to(REPO)} names test files that do not exist: {missing}"
+
+
+def test_the_signature_check_is_where_upgrading_trl_says():
+    """docs/upgrading-trl.md names the test that compares our constructors with GRPOTrainer's: that file does."""
+    row = next(
+        line for line in text_of(REPO / "docs" / "upgrading-trl.md").splitlines() if "compares the signatures" in line
+    )
+    named = TEST_FILE.findall(row)
+    assert named, row
+    for name in named:
+        text = (REPO / name).read_text()
+        assert "inspect.signature" in text and "GRPOTrainer" in text, name
