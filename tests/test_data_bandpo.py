@@ -282,7 +282,7 @@ def test_drop_long_prompts_keeps_prompts_up_to_the_limit(tokenizer, caplog):
     with pytest.raises(ValueError, match=r"max_tokens=22 drops every prompt.*shortest 23 tokens, longest 29"):
         drop_long_prompts(ds, tokenizer, 22)
     for bad in (0, -1, 1.5, True, "24"):
-        with pytest.raises(ValueError, match=rf"max_prompt_tokens must be an integer >= 1 or None, got {bad!r}"):
+        with pytest.raises(ValueError, match=rf"max_prompt_tokens must be None or an integer >= 1, got {bad!r}"):
             drop_long_prompts(ds, tokenizer, bad, field="max_prompt_tokens")
     with pytest.raises(ValueError, match="no 'messages' column"):
         drop_long_prompts(ds, tokenizer, 24, prompt_column="messages")

@@ -13,6 +13,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..core.checks import Integer
+
 logger = logging.getLogger(__name__)
 
 _BATCH = 1000
@@ -121,10 +123,9 @@ def drop_long_prompts(
         ValueError: `max_tokens` is not a positive integer, `prompt_column` is missing, or every prompt is longer
             (the message gives the shortest and the longest length).
     """
+    max_tokens = Integer(low=1, optional=True)(max_tokens, field)
     if max_tokens is None:
         return dataset
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"{field} must be an integer >= 1 or None, got {max_tokens!r}.")
     if prompt_column not in dataset.column_names:
         raise ValueError(f"{label} has no {prompt_column!r} column (columns: {dataset.column_names})")
     if len(dataset) == 0:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..core.checks import Integer
 from .files import LOCAL_FORMATS, read_local
 from .prompts import BOXED_INSTRUCTION, check_prompt_template, format_prompt
 from .registry import DATASETS, EVAL_BENCHMARKS, TRAINING_MIXES, DatasetSpec, resolve_dataset_name
@@ -115,10 +116,7 @@ def load_math_dataset(
         ConnectionError: a registry dataset that cannot be loaded from the Hub (the message says how to pass a
             local file instead).
     """
-    if max_samples is not None and (
-        isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1
-    ):
-        raise ValueError(f"max_samples must be None or an integer >= 1, got {max_samples!r}")
+    max_samples = Integer(low=1, optional=True)(max_samples, "max_samples")
     instruction = _check_template_arguments(prompt_template, instruction)
     if not os.fspath(name_or_path).strip():  # Path("") is the current folder: never read it as a dataset
         raise ValueError(
