@@ -241,7 +241,7 @@ def test_float_checks_keep_working_and_reject_tensors():
     assert RADIUS(0.05, "radius") == 0.05 and RADIUS(1, "radius") == 1.0
     check_band_arguments(torch.zeros(2), 0.05, "kl", "torch", 10.0, (0.2, 0.28))
     check_band_arguments(X, torch.full((2, 1), 0.05), "kl")  # a tensor, with the log-probs it applies to
-    with pytest.raises(ValueError, match="radius must be a finite number > 0"):  # configs take numbers only
+    with pytest.raises(ValueError, match="radius must be a finite number >= 1.17549e-38"):  # configs take numbers only
         RADIUS(torch.tensor(0.05), "radius")
     with pytest.raises(ValueError, match="old_logps"):
         check_band_arguments([-1.0], torch.tensor(0.05), "kl")

@@ -82,7 +82,23 @@ def build_cases() -> dict:
     cases["empty"] = dict(x=torch.empty(2, 0), radius=0.05, config="plain", kind="empty")
     cases["empty-radius-tensor"] = dict(x=torch.empty(2, 0), radius=torch.empty(2, 1), config="plain", kind="empty")
     cases.update(_per_token_radius_cases(grid))
+    cases.update(_monotone_cases())
     return cases
+
+
+def _monotone_cases() -> dict:
+    """One row per radius, log-spaced from the smallest accepted (float32's smallest normal) to 1e3, every row the
+    same probabilities from 0 to 1: the bounds must tighten to 1 row after row as the radius shrinks (issue 33)."""
+    from trl_bandpo.core.band import MIN_RADIUS
+
+    radii = torch.logspace(math.log10(MIN_RADIUS), 3, 120, dtype=torch.float64).clamp(min=MIN_RADIUS)
+    probs = torch.tensor([0.0, 1e-40, 1e-30, 1e-8, 1e-4, 0.01, 0.3, 0.38, 0.5, 0.9, 0.999, 1 - 1e-7, 1.0])
+    x = probs.double().log().expand(len(radii), -1)
+    return {
+        f"monotone-{name}": dict(x=x.to(DTYPES[name]), radius=radii[:, None].to(DTYPES[name]), config="cap",
+                                 kind="monotone")
+        for name in ("fp32", "fp64")
+    }  # fmt: skip
 
 
 MIXED_RADII = (1e-3, 0.05, 1.0, 3.0)  # float32-exact below, so fp32 and fp64 compute see the same radii
@@ -492,7 +508,19 @@ def test_accuracy_against_mpmath(kernel_run, reference, cases, name):
         )
 
 
-@pytest.mark.parametrize("name", [n for k in ("acc", "broad", "special", "mixed", "bad-radius") for n in _names(k)])
+@pytest.mark.parametrize("name", _names("monotone"))
+def test_bounds_are_monotone_in_the_radius(kernel_run, cases, name):
+    """Before: at float32 radii below ~1e-15 Newton started at t = 0 and p = 0.5 got [0.89, 1.11]."""
+    _, outputs, _ = kernel_run
+    lower, upper = outputs[name]
+    assert not (lower.isnan().any() or upper.isnan().any())
+    assert (lower[1:] <= lower[:-1]).all() and (upper[1:] >= upper[:-1]).all()
+    assert (lower <= 1).all() and (upper >= 1).all()
+
+
+@pytest.mark.parametrize(
+    "name", [n for k in ("acc", "broad", "special", "mixed", "bad-radius", "monotone") for n in _names(k)]
+)
 def test_matches_torch_solver(kernel_run, cases, name):
     device, outputs, _ = kernel_run
     case = cases[name]

@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--divergence", default="kl", choices=DIVERGENCES, help="f-divergence of the trust region")
-    parser.add_argument("--radius", type=_flag(RADIUS), default=0.05, help="trust-region radius delta (finite, > 0)")
+    parser.add_argument("--radius", type=_flag(RADIUS), default=0.05, help="trust-region radius delta (>= 1.2e-38)")
     parser.add_argument(
         "--upper-max", type=_flag(UPPER_MAX), default=DEFAULT_UPPER_MAX,
         help="cap on the upper bound, >= 1 (the configs' band_upper_max, the BandPO authors' setting); "

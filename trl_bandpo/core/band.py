@@ -34,6 +34,10 @@ GENERATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 #: The built-in divergence names.
 DIVERGENCES = tuple(GENERATORS)
 
+#: The smallest radius accepted (float32's smallest normal number, so that it is representable where the bounds are
+#: solved): every bound is 1 to rounding long before it (docs/band-operator.md, "Solver and error bound"). Smaller
+#: per-token radii in a tensor are solved as this one.
+MIN_RADIUS = torch.finfo(torch.float32).tiny
 #: Beyond this KL radius every bound is at its simplex limit to float64 precision (docs/band-operator.md, "Solver and
 #: error bound"); larger radii are solved with this one, so they cannot overflow the float32 solver into NaN.
 KL_SATURATION_RADIUS = 1e3
@@ -70,7 +74,7 @@ def check_floating_tensor(value, field: str) -> torch.Tensor:
 
 
 #: The checks of `band_bounds`' scalar arguments, which the loss registry's Band hyper-parameters reuse.
-RADIUS = Number(low=0, low_open=True)
+RADIUS = Number(low=MIN_RADIUS)
 UPPER_MAX = Number(low=1, optional=True, finite=False)
 SOLVER = Choice(SOLVERS)
 RELAX_LOW, RELAX_HIGH = Number(low=0, high=1, high_open=True), Number(low=0)
@@ -222,18 +226,19 @@ def solve_band(old_logps, radius, divergence="kl", *, solver="auto", upper_max=N
             lower, upper = lower.to(compute_dtype), upper.to(compute_dtype)
         if valid is not None:  # NaN where the radius is bad; the cap and the union below keep NaN
             lower, upper = torch.where(valid, lower, math.nan), torch.where(valid, upper, math.nan)
-        upper = upper.clamp(max=torch.finfo(upper.dtype).max if upper_max is None else float(upper_max))
+        largest = torch.finfo(upper.dtype).max  # (a cap beyond the dtype's range caps nothing)
+        upper = upper.clamp(max=largest if upper_max is None else min(float(upper_max), largest))
         if relax is not None:
             lower, upper = lower.clamp(max=1.0 - float(relax[0])), upper.clamp(min=1.0 + float(relax[1]))
         return lower, upper
 
 
 def _solver_radius(radius: torch.Tensor, divergence, compute_dtype: torch.dtype, shape: torch.Size):
-    """`(radius, valid)`: per-token radii as the torch solvers take them (in their dtype, KL clamped at
-    `KL_SATURATION_RADIUS`, bad elements replaced by 1), and where they are finite and > 0."""
+    """`(radius, valid)`: per-token radii as the torch solvers take them (in their dtype, at least `MIN_RADIUS`, KL
+    clamped at `KL_SATURATION_RADIUS`, bad elements replaced by 1), and where they are finite and > 0."""
     valid = torch.isfinite(radius) & (radius > 0)
     dtype = compute_dtype if divergence in ("kl", "tv", "chi2") else torch.float64
-    radius = torch.where(valid, radius.detach().to(dtype), 1.0)
+    radius = torch.where(valid, radius.detach().to(dtype), 1.0).clamp(min=MIN_RADIUS)
     if divergence == "kl":
         radius = radius.clamp(max=KL_SATURATION_RADIUS)
         radius = radius.reshape(()) if radius.numel() == 1 else radius.expand(shape)  # as `kl_bounds` takes it

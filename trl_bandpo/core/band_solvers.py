@@ -70,8 +70,10 @@ def _kl_bounds_flat(logp: torch.Tensor, radius: Radius):
         radius = torch.cat([radius, radius])
     # Both sides in one batch: half the kernel launches of two separate solves.
     t_low, t_high = _solve_binary_kl_lower(torch.cat([p, one_minus_p]), torch.cat([one_minus_p, p]), radius).chunk(2)
-    # upper = q/p with 1 - q = (1 - p) e^t, written without the cancellation of 1 - (1 - q) when q is small
-    upper = torch.expm1(t_high).mul_(logp.neg().exp_()).neg_().add_(t_high.exp_())
+    # upper = q/p with 1 - q = (1 - p) e^t, i.e. 1 - expm1(t) (1-p)/p: one rounding of a term that grows as the
+    # radius does (monotone), no cancellation when q is small; 0 * inf (p = 0, t = 0) is no widening
+    widening = torch.expm1(t_high).mul_(one_minus_p / p).neg_()
+    upper = torch.where(t_high == 0, 1.0, widening.add_(1.0))
     return t_low.exp(), upper
 
 
@@ -84,10 +86,16 @@ def _solve_binary_kl_lower(s: torch.Tensor, one_minus_s: torch.Tensor, radius: R
         h(t) = -s t - (1 - s) log1p(-u / (1 - s)) - radius = 0,
         h'(t) = u / (1 - q) < 0,    h''(t) = s (1 - s) e^t / (1 - q)^2 > 0.
     `h` is convex and decreasing, and lies above its asymptote `-s t + (1-s) log(1-s) - radius` (t -> -inf), whose
-    root `t_floor` is therefore left of the root. And `KL <= -s t <= -t` for `q < s`, so the root is `<= -radius`.
-    Newton on a convex decreasing function lands left of the root after any step and then increases monotonically
-    to it; clamping every iterate to `[t_floor, -radius]` keeps a poor first step bounded and away from `t = 0`,
-    where `h' = 0`. Start: the chi-square estimate `log(1 - sqrt(2 radius (1-s)/s))` clamped to that bracket.
+    root `t_floor` is therefore left of the root. Right of the root lies any `t` where `KL <= radius`: `t = -radius`
+    (`KL <= -s t <= -t`), and `log(1 - w/2)` with `w = sqrt(2 radius (1-s)/s)` clamped at 1 (while `q >= s/2`,
+    `KL <= chi2 <= 2 s (1 - e^t)^2 / (1-s)`), the lesser of which is `t_ceil`. Newton on a convex decreasing function
+    lands left of the root after any step and then increases monotonically to it; clamping every iterate to
+    `[t_floor, t_ceil]` keeps a poor first step bounded and away from `t = 0`, where `h' = 0`. Start: the chi-square
+    estimate `log(1 - w)`, clamped to that bracket.
+
+    Where `radius <= 3/8 eps min(s, 1-s)` (eps of the dtype) that estimate is the root to rounding (its error, of the
+    order `radius / p` in the bound, is below eps/4), while `h`'s cancellation would make Newton's steps noise of
+    the order eps: there the estimate is returned, so the bounds tighten to 1 as the radius shrinks, never widen.
     """
     tiny = torch.finfo(s.dtype).tiny
     # Padding-safe: s = 0 gives t = -huge (q = 0), 1 - s = 0 gives t = -radius (q = e^-radius), as the limits do.
@@ -95,20 +103,24 @@ def _solve_binary_kl_lower(s: torch.Tensor, one_minus_s: torch.Tensor, radius: R
     one_minus_s = one_minus_s.clamp(min=tiny)
     neg_inv_one_minus_s = one_minus_s.reciprocal().neg_()
     # Floored at 2 log(tiny): any t below underflows exp(t) to 0 anyway, and -inf would turn Newton into NaN.
-    t_floor = (one_minus_s * one_minus_s.log()).sub_(radius).div_(s).clamp_(min=2 * math.log(tiny))
-    if torch.is_tensor(radius):
-        t_ceil = radius.neg()
-    else:  # a float: the same 0-d tensor as ever, so float radii keep their results bit for bit
-        t_ceil = torch.tensor(-radius, dtype=s.dtype, device=s.device)
-    t = (2 * radius * one_minus_s / s).sqrt_().neg_().add_(1).clamp_(min=tiny).log_()
-    t = torch.clamp(t, t_floor, t_ceil)
+    # (log1p(-s) for small s, where 1 - s rounds to 1)
+    log_one_minus_s = torch.where(s < 0.5, torch.log1p(-s), one_minus_s.log())
+    t_floor = (one_minus_s * log_one_minus_s).sub_(radius).div_(s).clamp_(min=2 * math.log(tiny))
+    w = (2 * radius * one_minus_s / s).sqrt_().clamp_(max=1.0)
+    t_ceil = (w * -0.5).log1p_()
+    # a float radius as a 0-d tensor, as a tensor one is taken: both give the same bits
+    t_ceil = torch.minimum(t_ceil, radius.neg() if torch.is_tensor(radius) else t_ceil.new_tensor(-radius))
+    # log1p, not log(1 - w): below radius ~1e-15 (float32) 1 - w rounds to 1
+    estimate = torch.clamp(w.neg().log1p_(), t_floor, t_ceil)
+    t = estimate.clone()
     steps = KL_NEWTON_STEPS[s.dtype]
     for _ in range(steps):  # fixed count: no host synchronisation
         u = torch.expm1(t).mul_(s)
         minus_h = torch.addcmul(s * t, one_minus_s, (u * neg_inv_one_minus_s).log1p_()).add_(radius)
         # t_next = t - h / h' = t + minus_h * (1 - q) / u
         t = torch.clamp(t.addcmul_(minus_h, (one_minus_s - u).div_(u)), t_floor, t_ceil)
-    return t
+    exact = torch.minimum(s, one_minus_s).mul_(0.375 * torch.finfo(s.dtype).eps) >= radius
+    return torch.where(exact, estimate, t)
 
 
 def generic_bounds(logp: torch.Tensor, radius: Radius, f: Callable[[torch.Tensor], torch.Tensor]):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..core.band import RADIUS
 from ..core.checks import Choice, Integer, Number, refuse
 from .figure import plot_figure
 from .report import format_number, jsonable, observations, summarize_history, summary_markdown, write_metrics_csv
@@ -48,7 +49,7 @@ _NUMERIC_FLAGS = {
         ("--num-generations", 8, Integer(low=2), "Completions per prompt (GRPO group size)."),
         ("--steps-per-generation", 4, Integer(low=1), "Optimizer steps per pass over a batch."),
         ("--num-iterations", 2, Integer(low=1), "Passes over each generation batch (>1: off-policy)."),
-        ("--band-radius", 0.02, Number(low=0, low_open=True), "KL radius δ of the Band methods and DPPO (see the "
+        ("--band-radius", 0.02, RADIUS, "KL radius δ of the Band methods and DPPO (see the "
          "trl_bandpo.demo docstring)."),
         ("--threads", 1, Integer(low=0), "torch CPU threads (a tiny model gains nothing from more; 0: as is)."),
     ),

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..core.band import KL_SATURATION_RADIUS, compute_dtype_for
+from ..core.band import KL_SATURATION_RADIUS, MIN_RADIUS, compute_dtype_for
 from ..core.band_solvers import KL_NEWTON_STEPS
 from .runtime import interpreter_enabled
 
@@ -79,27 +79,30 @@ else:
 
 
 @triton.jit
-def _kl_lower_root_log_ratio(s, one_minus_s, radius, tiny, t_min, NEWTON_STEPS: tl.constexpr):
-    """`t = log(q/s)` with `KL(Bern(s) || Bern(q)) = radius`, `q < s` (see `band_solvers._solve_binary_kl_lower`).
+def _kl_lower_root_log_ratio(s, one_minus_s, radius, tiny, t_min, eps, NEWTON_STEPS: tl.constexpr):
+    """`t = log(q/s)` with `KL(Bern(s) || Bern(q)) = radius`, `q < s`, step for step as
+    `band_solvers._solve_binary_kl_lower` (its docstring derives the bracket and the exact-estimate condition).
 
-    Newton on the convex, decreasing h(t) = -s t - (1-s) log1p(-s expm1(t) / (1-s)) - radius, every iterate
-    clamped to [t_floor, -radius]. `t_floor = ((1-s) log(1-s) - radius) / s` is floored at `t_min = 2 log(tiny)`:
-    any t below underflows exp(t) to 0 anyway, and `radius / tiny` can overflow to -inf, which turns Newton into NaN.
+    Newton on the convex, decreasing h(t) = -s t - (1-s) log1p(-s expm1(t) / (1-s)) - radius from the chi-square
+    estimate, every iterate clamped to [t_floor, t_ceil]. `t_floor` is floored at `t_min = 2 log(tiny)`: any t below
+    underflows exp(t) to 0 anyway, and `radius / tiny` can overflow to -inf, which turns Newton into NaN.
     """
     s = tl.maximum(s, tiny)
     one_minus_s = tl.maximum(one_minus_s, tiny)
     neg_inv_one_minus_s = -1.0 / one_minus_s
-    t_floor = tl.maximum((one_minus_s * _log(one_minus_s) - radius) / s, t_min)
-    t_ceil = -radius
-    t = _log(tl.maximum(1.0 - _sqrt(2.0 * radius * one_minus_s / s), tiny))
-    t = tl.minimum(tl.maximum(t, t_floor), t_ceil)
+    log_one_minus_s = tl.where(s < 0.5, _log1p(-s), _log(one_minus_s))
+    t_floor = tl.maximum((one_minus_s * log_one_minus_s - radius) / s, t_min)
+    w = tl.minimum(_sqrt(2.0 * radius * one_minus_s / s), 1.0)
+    t_ceil = tl.minimum(_log1p(-0.5 * w), -radius)
+    estimate = tl.minimum(tl.maximum(_log1p(-w), t_floor), t_ceil)
+    t = estimate
     for _ in tl.static_range(NEWTON_STEPS):
         u = _expm1(t) * s
         minus_h = s * t + one_minus_s * _log1p(u * neg_inv_one_minus_s) + radius
         # t - h / h' with h' = u / (1 - q) and 1 - q = (1 - s) - u
         t = t + minus_h * ((one_minus_s - u) / u)
         t = tl.minimum(tl.maximum(t, t_floor), t_ceil)
-    return t
+    return tl.where(tl.minimum(s, one_minus_s) * (0.375 * eps) >= radius, estimate, t)
 
 
 @triton.jit
@@ -117,9 +120,11 @@ def _band_kl_kernel(
     COMPUTE_DTYPE: tl.constexpr,
     TINY: tl.constexpr,
     T_MIN: tl.constexpr,
+    EPS: tl.constexpr,
     HAS_RELAX: tl.constexpr,
     RADIUS_MODE: tl.constexpr,
     KL_SATURATION: tl.constexpr,
+    MIN_RADIUS: tl.constexpr,
     NEWTON_STEPS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
@@ -136,7 +141,7 @@ def _band_kl_kernel(
         # and <= 0 fail (inf - inf is NaN); a failing radius is solved as 1 and its bounds are NaN below.
         raw = tl.load(radius_ptr + offsets * (RADIUS_MODE - 1), mask=mask, other=1.0)
         radius_ok = (raw > 0) & (raw - raw == 0)
-        radius = tl.minimum(tl.where(radius_ok, raw.to(COMPUTE_DTYPE), 1.0), KL_SATURATION)
+        radius = tl.minimum(tl.maximum(tl.where(radius_ok, raw.to(COMPUTE_DTYPE), 1.0), MIN_RADIUS), KL_SATURATION)
     tiny = tl.full([BLOCK_SIZE], TINY, COMPUTE_DTYPE)
     t_min = tl.full([BLOCK_SIZE], T_MIN, COMPUTE_DTYPE)
 
@@ -145,11 +150,12 @@ def _band_kl_kernel(
     # Both roots are "lower roots" by the symmetry (p, q) -> (1-p, 1-q) of the binary KL (docs/band-operator.md).
     p = _exp(logp)
     one_minus_p = -_expm1(logp)
-    t_low = _kl_lower_root_log_ratio(p, one_minus_p, radius, tiny, t_min, NEWTON_STEPS)
-    t_high = _kl_lower_root_log_ratio(one_minus_p, p, radius, tiny, t_min, NEWTON_STEPS)
+    eps = tl.full([BLOCK_SIZE], EPS, COMPUTE_DTYPE)
+    t_low = _kl_lower_root_log_ratio(p, one_minus_p, radius, tiny, t_min, eps, NEWTON_STEPS)
+    t_high = _kl_lower_root_log_ratio(one_minus_p, p, radius, tiny, t_min, eps, NEWTON_STEPS)
     lower = _exp(t_low)
-    # upper = q / p with 1 - q = (1 - p) e^t_high, without the cancellation of 1 - (1 - q) when q is small
-    upper = _exp(t_high) - _expm1(t_high) * _exp(-logp)
+    # upper = q / p = 1 - expm1(t_high) (1-p)/p, as the torch solver writes it
+    upper = tl.where(t_high == 0, 1.0, 1.0 - _expm1(t_high) * (one_minus_p / p))
     upper = tl.minimum(upper, tl.full([BLOCK_SIZE], cap_arg, COMPUTE_DTYPE))
     if HAS_RELAX:
         lower = tl.minimum(lower, tl.full([BLOCK_SIZE], relax_lower_arg, COMPUTE_DTYPE))
@@ -230,9 +236,11 @@ def _band_kl_launch(
             COMPUTE_DTYPE=tl.float64 if compute_dtype == torch.float64 else tl.float32,
             TINY=finfo.tiny,
             T_MIN=2 * math.log(finfo.tiny),
+            EPS=finfo.eps,
             HAS_RELAX=has_relax,
             RADIUS_MODE=radius_mode,
             KL_SATURATION=KL_SATURATION_RADIUS,
+            MIN_RADIUS=MIN_RADIUS,
             NEWTON_STEPS=KL_NEWTON_STEPS[compute_dtype],
             BLOCK_SIZE=block_size,
             num_warps=num_warps or default_warps,
