@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 import pytest
 
@@ -6,6 +7,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_DISABLED", "true")
+# The patched TRL methods' source files (trl_bandpo/training/trl_patches.py) go to a folder of this run, not ~/.cache.
+os.environ.setdefault("TRL_BANDPO_PATCHED_DIR", tempfile.mkdtemp(prefix="trl-bandpo-patched-"))
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,7 @@ def test_help_lists_commands(capsys):
         (["--p", "2", "-1"], "argument --p: expected a number in (0, 1], got '2'"),
         (["--p", "0.5", "0"], "argument --p: expected a number in (0, 1], got '0'"),
         (["--p", "nan"], "argument --p: expected a number in (0, 1], got 'nan'"),
-        (["--radius", "inf"], "argument --radius: expected a finite number > 0, got 'inf'"),
+        (["--radius", "inf"], "argument --radius: expected a finite number >= 1.17549e-38, got 'inf'"),
         (["--radius", "0"], "argument --radius:"),
         (["--upper-max", "0.5"], "argument --upper-max: expected None or a number >= 1, got '0.5'"),
         (["--upper-max", "nan"], "argument --upper-max:"),
@@ -119,3 +119,21 @@ def test_tiny_model_refuses_a_file_as_its_folder(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["tiny-model", str(target)])
     assert exc.value.code == 2 and "exists and is not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, named", [(["--foo"], "--foo"), (["extra"], "extra"), (["-x", "1"], "-x 1")])
+def test_patched_source_rejects_unknown_arguments_naming_them(capsys, args, named):
+    with pytest.raises(SystemExit) as exc:
+        main(["patched-source", *args])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert f"trl-bandpo patched-source: error: unrecognized arguments: {named}" in captured.err
+    assert captured.out == ""
+
+
+def test_patched_source_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["patched-source", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: trl-bandpo patched-source") and "docs/upgrading-trl.md" in out

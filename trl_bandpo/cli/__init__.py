@@ -3,6 +3,7 @@ when it runs."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 from collections.abc import Sequence
@@ -46,6 +47,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     command, rest = argv[0], argv[1:]
     if command == "patched-source":
+        description = "Print TRL's loss methods as trl-bandpo patches them (docs/upgrading-trl.md)."
+        argparse.ArgumentParser(prog="trl-bandpo patched-source", description=description).parse_args(rest)
         print_patched_source()
     elif command in _COMMANDS:
         module, function = _COMMANDS[command]

@@ -5,32 +5,51 @@ hook. This package carries no copy of them: `patch_method` reads the installed m
 applies our `Patch`es, each located by the statement it acts on (the statement whose first line starts with the patch's
 key, on the parsed source; each key must be found exactly once), compiles the result in a copy of the namespace of
 TRL's module, and returns the function. A patch whose target is not found exactly once, or a TRL installed without its
-sources, is one `TRLPatchError` at import naming the TRL version, the method and the patch: we never fall back to
-running TRL's loss unchanged.
+sources, or a patch whose code reads a name the patched method no longer defines (TRL renamed a variable), is one
+`TRLPatchError` at import naming the TRL version, the method and the patch: we never fall back to running TRL's loss
+unchanged. A TRL outside `TESTED_TRL` (pyproject.toml's pin) warns once at import.
 
-The generated source is registered with `linecache` under a name like
-``<trl-bandpo: GRPOTrainer._compute_loss of TRL 1.16.0, patched>``, so tracebacks, debuggers and `inspect.getsource`
-show its lines; `trl-bandpo patched-source` prints each patched method. docs/upgrading-trl.md says what to do when
+The generated source is written to a file named after the method, the TRL version and its hash, in
+`$TRL_BANDPO_PATCHED_DIR` (default `$XDG_CACHE_HOME/trl_bandpo/patched`, or `~/.cache/...`), and compiled under that
+name, so tracebacks (Python's own handler too), debuggers and `inspect.getsource` show its lines; where that folder
+cannot be written, the name is ``<trl-bandpo: GRPOTrainer._compute_loss of TRL 1.16.0, patched>``, known to
+`linecache` only. `trl-bandpo patched-source` prints each patched method. docs/upgrading-trl.md says what to do when
 a patch no longer applies.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
+import contextlib
+import hashlib
 import inspect
 import linecache
+import os
 import sys
+import tempfile
 import textwrap
+import warnings
 from dataclasses import dataclass
 
-__all__ = ["PATCHED_METHODS", "Patch", "TRLPatchError", "patch_method"]
+import trl
+from packaging.specifiers import SpecifierSet
+
+__all__ = ["PATCHED_METHODS", "TESTED_TRL", "Patch", "TRLPatchError", "check_trl_version", "patch_method"]
+
+#: The TRL releases trl-bandpo is tested with: pyproject.toml's pin (tests/test_trl_patches.py checks they are equal).
+TESTED_TRL = ">=1.16.0,<1.17"
+#: The folder for the patched methods' source files (default `$XDG_CACHE_HOME/trl_bandpo/patched`).
+PATCHED_DIR_ENV = "TRL_BANDPO_PATCHED_DIR"
 
 #: `"Class.method" -> the patched function`, for `trl-bandpo patched-source` and the tests.
 PATCHED_METHODS: dict[str, object] = {}
+#: The file names the patched methods are compiled under (library code, for warnings that point at the user's line).
+PATCHED_FILES: set[str] = set()
 
 
 class TRLPatchError(ImportError):
-    """The installed TRL's method cannot be patched (a target not found exactly once, or no source)."""
+    """The installed TRL's method cannot be patched (a target not found exactly once, a name read gone, no source)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +73,19 @@ class Patch:
     where: str = "replace"
 
 
+def check_trl_version(version: str) -> None:
+    """Warn if TRL `version` is outside `TESTED_TRL` (called once, at import, with the installed TRL's)."""
+    if not SpecifierSet(TESTED_TRL).contains(version, prereleases=True):
+        warnings.warn(
+            f"trl-bandpo is tested with TRL {TESTED_TRL}, but TRL {version} is installed: its patched loss methods "
+            "may not reproduce TRL's (docs/upgrading-trl.md)",
+            stacklevel=2,
+        )
+
+
+check_trl_version(trl.__version__)
+
+
 def _normalised(text: str) -> str:
     return " ".join(text.split())
 
@@ -63,10 +95,46 @@ def _statements(tree: ast.AST) -> list[ast.stmt]:
     return [node for node in ast.walk(function) if isinstance(node, ast.stmt) and node is not function]
 
 
+def _bound_names(tree: ast.AST) -> set[str]:
+    """The names `tree` binds: parameters, assignment targets, definitions, imports, `except ... as` names."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(getattr(node, "name", None), str):
+            names.add((getattr(node, "asname", None) or node.name).split(".")[0])
+    return names
+
+
+def _source_file(label: str, source: str) -> str | None:
+    """A file holding `source` (Python's own traceback printer reads lines from disk), written atomically, or None
+    if its folder cannot be written."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    folder = os.environ.get(PATCHED_DIR_ENV) or os.path.join(cache, "trl_bandpo", "patched")
+    path = os.path.join(folder, f"{label}-{hashlib.sha256(source.encode()).hexdigest()[:12]}.py")
+    with contextlib.suppress(OSError, UnicodeDecodeError), open(path, encoding="utf-8", newline="") as file:
+        if file.read() == source:
+            return path
+    try:
+        os.makedirs(folder, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(suffix=".tmp", dir=folder)
+    except OSError:
+        return None
+    try:  # a temporary file renamed once complete: a process killed mid-write leaves no truncated `path`
+        with open(descriptor, "w", encoding="utf-8", newline="") as file:
+            file.write(source)
+        os.replace(temporary, path)
+        return path
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        return None
+
+
 def patch_method(cls: type, name: str, patches: tuple[Patch, ...]):
     """`cls.name` (a TRL method) with `patches` applied, compiled in a copy of its module's namespace."""
-    import trl
-
     where = f"{cls.__name__}.{name} of TRL {trl.__version__}"
     help_text = "see docs/upgrading-trl.md (a TRL version this trl-bandpo was not tested with?)"
     try:
@@ -98,9 +166,21 @@ def patch_method(cls: type, name: str, patches: tuple[Patch, ...]):
             start = end
         lines[start:end] = code_lines
     patched = "".join(lines)
-    filename = f"<trl-bandpo: {where}, patched>"
-    linecache.cache[filename] = (len(patched), None, patched.splitlines(keepends=True), filename)
     namespace = dict(vars(sys.modules[cls.__module__]))
+    known = _bound_names(ast.parse(patched)) | namespace.keys() | vars(builtins).keys()
+    for patch in patches:
+        code = ast.parse(textwrap.dedent(patch.code))
+        read = {node.id for node in ast.walk(code) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+        if read - known:
+            raise TRLPatchError(
+                f"trl-bandpo cannot patch {where}: patch {patch.name!r} ({patch.why}) reads "
+                f"{', '.join(map(repr, sorted(read - known)))}, which the patched method does not define (did TRL "
+                f"rename it?); {help_text}."
+            )
+    label = f"{cls.__name__}.{name}-trl-{trl.__version__}"
+    filename = _source_file(label, patched) or f"<trl-bandpo: {where}, patched>"
+    linecache.cache[filename] = (len(patched), None, patched.splitlines(keepends=True), filename)
+    PATCHED_FILES.add(filename)
     exec(compile(patched, filename, "exec"), namespace)  # noqa: S102 - TRL's own source, with our patches
     function = namespace[name]
     PATCHED_METHODS[f"{cls.__name__}.{name}"] = function
