@@ -323,6 +323,18 @@ def test_every_registered_loss_trains(band_trainer, name):
         assert any(key.startswith(f"{prefix}/") for key in metrics), sorted(metrics)
 
 
+def test_a_non_finite_loss_stops_the_async_trainer_naming_the_quantity(band_trainer):
+    """Before: a NaN rollout log-prob trained NaN weights with rc 0 (issue 33: `on_nonfinite`)."""
+    from trl_bandpo.training.nonfinite import NonFiniteTrainingError
+
+    _, batch = _with_old_log_probs(band_trainer, _samples(vocab=band_trainer.model.config.vocab_size))
+    first = (batch["token_index"] >= 0).nonzero()[0].tolist()
+    batch["old_log_probs"][tuple(first)] = math.nan
+    needle = r"policy_loss='band' .*first non-finite quantity: old_log_probs \(1 "
+    with pytest.raises(NonFiniteTrainingError, match=needle):
+        _run(band_trainer, batch)
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Staleness: the model-version lag of each trained sample
 # ------------------------------------------------------------------------------------------------------------------
@@ -436,7 +448,8 @@ def test_config_fields_are_policy_loss_configs(tmp_path):
     added = {f.name: f for f in dataclasses.fields(AsyncPolicyLossConfig)}.keys() - {
         f.name for f in dataclasses.fields(AsyncGRPOConfig)
     }
-    assert added == ({"policy_loss"} | _loss_fields()) - {f.name for f in dataclasses.fields(AsyncGRPOConfig)}
+    shared = {"policy_loss", "on_nonfinite"}
+    assert added == (shared | _loss_fields()) - {f.name for f in dataclasses.fields(AsyncGRPOConfig)}
     for name in added:
         field = {f.name: f for f in dataclasses.fields(AsyncPolicyLossConfig)}[name]
         assert (field.default, field.metadata) == (ours[name].default, ours[name].metadata), name

@@ -12,6 +12,7 @@ import torch
 from trl import GRPOConfig
 
 from trl_bandpo.cli.recipe import ConfigError, parse_args
+from trl_bandpo.core.checks import shown
 from trl_bandpo.training.configs import PolicyLossConfig
 
 pytest.importorskip("trl.experimental.async_grpo")
@@ -40,18 +41,36 @@ BAD = [
     ("dppo_ratio_cap", 3.5e38, "dppo_kl"),  # beyond float32: the first loss would overflow
     ("dppo_ratio_cap", 0.5, "dppo_kl"),
     ("dppo_kl_radius", 0.0, "dppo_kl"),
+    # issue 33: TRL fields that failed after the model loaded, integers beyond any tensor, finite values beyond
+    # float32 or too small to act
+    ("temperature", 0.0, "clip"),
+    ("temperature", -1.0, "clip"),
+    ("per_device_train_batch_size", 0, "clip"),
+    ("gradient_accumulation_steps", 0, "clip"),
+    ("seed", -1, "clip"),
+    ("num_generations", 0, "clip"),
+    ("output_dir", "", "clip"),
+    ("learning_rate", 10**400, "clip"),
+    ("max_steps", 10**400, "clip"),
+    ("dgpo_n", 10**400, "dgpo"),
+    ("band_radius", 1e-40, "band"),
+    ("spo_epsilon", 1e-16, "spo"),
+    ("ipo_kl_tau", 3.4e38, "ipo"),
+    ("ce_gppo_beta1", 3.5e38, "ce_gppo"),
+    ("aspo_c_pos", 3.5e38, "aspo"),
+    ("on_nonfinite", "continue", "clip"),
     ("policy_loss", "nope", None),
 ]
-IDS = [f"{field}={value!r}"[:40] for field, value, _ in BAD]
+IDS = [f"{field}={shown(value)}"[:40] for field, value, _ in BAD]
 
 
 def _config(family: str, tmp_path, **fields):
-    base = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    base = {"output_dir": str(tmp_path), "use_cpu": True, "report_to": "none", **fields}
     if family == "sync":
-        return PolicyLossConfig(**base, **fields)
+        return PolicyLossConfig(**base)
     from trl_bandpo.training.async_trainer import AsyncPolicyLossConfig
 
-    return AsyncPolicyLossConfig(**base, **fields)
+    return AsyncPolicyLossConfig(**base)
 
 
 @pytest.mark.parametrize("family", ["sync", "async"])
@@ -83,6 +102,8 @@ def _yaml(value) -> str | None:
         return str(value).lower()
     if isinstance(value, float) and math.isnan(value):
         return ".nan"
+    if value == "":
+        return '""'
     if isinstance(value, (int, float, str, list)):
         return repr(value) if not isinstance(value, str) else value
     return None

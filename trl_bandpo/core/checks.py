@@ -7,13 +7,21 @@ an integer, `None` for an optional setting given as None or as the word "none"/"
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 #: How YAML files and command lines spell None.
 NONE_WORDS = ("none", "null")
+#: float32's largest finite number (`torch.finfo(torch.float32).max`): a setting that reaches a float32 tensor as a
+#: scalar must not exceed it (torch refuses to convert it, or it becomes inf and `inf * 0` NaN).
+FLOAT32_MAX = 3.4028234663852886e38
+#: Integers beyond int64 fit no tensor and no setting of TRL's: refused by every integer check.
+INT64_LIMIT = 2**63
 
 
 def none_word(value: Any) -> Any:
@@ -33,7 +41,17 @@ def shown(value: Any) -> str:
     values would synchronise with the device)."""
     if type(value).__module__.startswith("torch") and hasattr(value, "shape"):
         return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, int) and abs(value) >= 10**30:  # Python refuses to print more than 4,300 digits
+        return f"an integer of {int(abs(value).bit_length() * 0.30103) + 1} digits"
     return repr(value)
+
+
+def as_float(value: Any) -> float:
+    """`float(value)` for a real number, an integer too large for a float being +-inf (not an OverflowError)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def refuse(field: str, allowed: str, value: Any) -> None:
@@ -73,14 +91,17 @@ class Number(_Check):
     finite: bool = True
 
     def _accepts(self, value: Any) -> bool:
-        if not is_number(value) or math.isnan(value) or (self.finite and math.isinf(value)):
+        if not is_number(value):
+            return False
+        value = as_float(value)
+        if math.isnan(value) or (self.finite and math.isinf(value)):
             return False
         above = self.low is None or (value > self.low if self.low_open else value >= self.low)
         below = self.high is None or (value < self.high if self.high_open else value <= self.high)
         return above and below
 
     def _normalise(self, value: Any) -> float:
-        return float(value)
+        return as_float(value)
 
     def _describe(self) -> str:
         if self.low is not None and self.high is not None:
@@ -96,7 +117,8 @@ class Number(_Check):
 
 @dataclass(frozen=True)
 class Integer(_Check):
-    """An integral number (Python or NumPy, not a bool; not a float, even 2.0) from `low` to `high` inclusive."""
+    """An integral number (Python or NumPy, not a bool; not a float, even 2.0) from `low` to `high` inclusive, and
+    below `INT64_LIMIT` in magnitude."""
 
     low: int | None = None
     high: int | None = None
@@ -108,6 +130,7 @@ class Integer(_Check):
             and not isinstance(value, bool)
             and (self.low is None or value >= self.low)
             and (self.high is None or value <= self.high)
+            and -INT64_LIMIT <= value < INT64_LIMIT
         )
 
     def _normalise(self, value: Any) -> int:
@@ -117,8 +140,8 @@ class Integer(_Check):
         if self.low is not None and self.high is not None:
             return f"an integer in [{self.low}, {self.high}]"
         if self.low is not None:
-            return f"an integer >= {self.low}"
-        return "an integer"
+            return f"an integer >= {self.low} and < 2**63"
+        return "an integer of 64 bits"
 
 
 @dataclass(frozen=True)
@@ -146,3 +169,40 @@ class Flag(_Check):
 
     def _describe(self) -> str:
         return "true or false"
+
+
+@dataclass(frozen=True)
+class Text(_Check):
+    """A non-empty string or path (returned as a string)."""
+
+    optional: bool = False
+
+    def _accepts(self, value: Any) -> bool:
+        return isinstance(value, (str, os.PathLike)) and os.fspath(value).strip() != ""
+
+    def _normalise(self, value: Any) -> str:
+        return os.fspath(value)
+
+    def _describe(self) -> str:
+        return "a non-empty path or name"
+
+
+@dataclass(frozen=True)
+class JSONObject(_Check):
+    """A mapping that JSON can write (configs are saved as JSON), or a string holding a JSON object (returned
+    parsed)."""
+
+    optional: bool = False
+
+    def _accepts(self, value: Any) -> bool:
+        try:
+            value = json.loads(value) if isinstance(value, str) else value
+            return isinstance(value, Mapping) and bool(json.dumps(dict(value)))
+        except (ValueError, TypeError, RecursionError):
+            return False
+
+    def _normalise(self, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    def _describe(self) -> str:
+        return "a mapping of JSON values, or a string holding a JSON object"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .band import broadcasts_to, check_floating_tensor
-from .checks import Integer, Number
+from .checks import FLOAT32_MAX, Integer, Number
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,12 @@ class Hyperparameter:
 
 # Shared by several losses: the clip interval and TRL's dual clip (above 1: at or below 1 it would cap ratios inside
 # the clip interval).
+# Every float a loss reads stays within float32, where the losses compute (`FLOAT32_MAX`).
 EPSILON_LOW = Hyperparameter("epsilon_low", "epsilon", Number(low=0, high=1, high_open=True))
-EPSILON_HIGH = Hyperparameter("epsilon_high", "epsilon_high", Number(low=0), fallback_field="epsilon")
-DUAL_CLIP = Hyperparameter("delta", "delta", Number(low=1, low_open=True, optional=True))
+EPSILON_HIGH = Hyperparameter(
+    "epsilon_high", "epsilon_high", Number(low=0, high=FLOAT32_MAX), fallback_field="epsilon"
+)
+DUAL_CLIP = Hyperparameter("delta", "delta", Number(low=1, high=FLOAT32_MAX, low_open=True, optional=True))
 #: The check of an integral power such as DGPO's `n`.
 POWER = Integer(low=1)
 

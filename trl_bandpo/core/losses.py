@@ -29,7 +29,7 @@ from .band import (
     solver_unavailable_reason,
 )
 from .band_solvers import Radius
-from .checks import Number, none_word
+from .checks import FLOAT32_MAX, Number, none_word
 from .loss_registry import (  # noqa: F401  (re-exported)
     DUAL_CLIP,
     EPSILON_HIGH,
@@ -147,8 +147,8 @@ def dcpo_bounds(
         inv_p = torch.exp(-old_logps.detach().to(compute_dtype_for(old_logps.dtype)).clamp(max=0.0))
         lower = 0.5 + 0.5 * torch.sqrt((1 - 4 * epsilon_low * inv_p).clamp(min=0.0))
         upper = 0.5 + 0.5 * torch.sqrt(1 + 4 * epsilon_high * inv_p)
-        if upper_max is not None:
-            upper = upper.clamp(max=upper_max)
+        if upper_max is not None:  # (a cap beyond the dtype's range caps nothing)
+            upper = upper.clamp(max=min(upper_max, torch.finfo(upper.dtype).max))
     return lower, upper
 
 
@@ -231,8 +231,9 @@ def dgpo_log_weights(
     single `exp` happens afterwards, so no branch can overflow where it does not apply."""
     log_ratio = log_ratio.detach()
     regions = clip_regions(log_ratio, advantages, lower, upper)
-    left = (n + 1) * log_ratio - n * _log(lower)
-    right = (m - 1) / m * log_ratio + _log(upper) / m
+    # as offsets from the boundary: no cancellation of two large terms when n is large
+    left = (n + 1) * (log_ratio - _log(lower)) + _log(lower)
+    right = (m - 1) / m * (log_ratio - _log(upper)) + _log(upper)
     return torch.where(regions["LN"], left, torch.where(regions["HP"], right, log_ratio))
 
 
@@ -259,8 +260,8 @@ def ce_gppo_loss(
     """CE-GPPO: as GPPO with the boundary weights scaled, `beta1 (1 - eps_low)` (LN) and `beta2 (1 + eps_high)`
     (HP)."""
     regions = clip_regions(log_ratio, advantages, lower, upper)
-    weight = torch.where(regions["LN"], beta1 * _as_weight(lower), safe_exp(log_ratio.detach()))
-    weight = torch.where(regions["HP"], beta2 * _as_weight(upper), weight)
+    weight = torch.where(regions["LN"], _scaled_bound(beta1, lower), safe_exp(log_ratio.detach()))
+    weight = torch.where(regions["HP"], _scaled_bound(beta2, upper), weight)
     return reweighted_surrogate(log_ratio, advantages, clip_value(log_ratio, advantages, lower, upper), weight)
 
 
@@ -280,8 +281,11 @@ def aspo_loss(
     return reweighted_surrogate(log_ratio, advantages, value, weight)
 
 
-def _as_weight(bound: Bound) -> Bound:
-    return bound.detach() if torch.is_tensor(bound) else bound
+def _scaled_bound(scale: float, bound: Bound) -> Bound:
+    """`scale * bound` as a weight: no gradient, at most float32's largest number (both may be that large)."""
+    if torch.is_tensor(bound):
+        return (bound.detach() * scale).clamp(max=FLOAT32_MAX)
+    return min(scale * bound, FLOAT32_MAX)
 
 
 def cispo_loss(log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound) -> Tensor:
@@ -379,9 +383,9 @@ def ipo_loss(
     log_ratio = upcast(log_ratio)
     ratio = safe_exp(log_ratio)
     below, above = _outside(log_ratio.detach(), lower, upper)
-    policy = torch.where(below | above, torch.zeros_like(ratio), ratio)
+    policy = torch.where(below | above, 0.0, -adv_tau * advantages * ratio)  # masked: 0, never inf * 0
     log_max = RATIO_LOG_MAX[log_ratio.dtype]  # as `safe_exp`: finite, and no gradient beyond the cap
-    return -adv_tau * advantages * policy + kl_tau * log_ratio.clamp(-log_max, log_max).square()
+    return policy + kl_tau * log_ratio.clamp(-log_max, log_max).square()
 
 
 def _outside(log_ratio, lower, upper):
@@ -466,7 +470,7 @@ def check_optional_radius(value: Any, field: str = "radius") -> Radius | None:
 
 #: DPPO's truncation `C` of the importance weight: None (no truncation) or >= 1 (below 1 it would shrink the weight
 #: of tokens that did not move), and finite in float32, where the weights are computed.
-RATIO_CAP = Number(low=1, high=float(torch.finfo(torch.float32).max), optional=True)
+RATIO_CAP = Number(low=1, high=FLOAT32_MAX, optional=True)
 
 
 BAND = (
@@ -486,8 +490,15 @@ def _check_band_solver_runs(kwargs: Mapping[str, Any], labels: Mapping[str, str]
 
 
 _CLIP = (EPSILON_LOW, EPSILON_HIGH)
-_DGPO = (Hyperparameter("n", "dgpo_n", POWER), Hyperparameter("m", "dgpo_m", Number(low=1)))
-_THRESHOLD = Number(low=0, low_open=True)
+_DGPO = (Hyperparameter("n", "dgpo_n", POWER), Hyperparameter("m", "dgpo_m", Number(low=1, high=FLOAT32_MAX)))
+#: SPO's and DRPO's threshold: from 1e-3, as their losses read it back from float32 bounds `1 + eps/p`, whose rounding
+#: (6e-8) must stay small beside it; below, the threshold rounds away (to 0 at ~1e-16: NaN on every token).
+_THRESHOLD = Number(low=1e-3, high=FLOAT32_MAX)
+#: A cap on a weight (ASPO): >= 1, and a float32 number.
+_WEIGHT_CAP = Number(low=1, high=FLOAT32_MAX)
+#: A scale of a term or a weight (CE-GPPO's betas, IPO's taus): up to 1e34, so that IPO's `kl_tau * (log r)^2` stays
+#: finite in float32 at the largest `|log r|` (88.7); CE-GPPO's scaled weights are capped at float32's largest number.
+_SCALE = Number(low=0, high=1e34)
 _DPPO_SIDES = (
     Hyperparameter("radius_low", "dppo_radius_low", check_optional_radius),
     Hyperparameter("radius_high", "dppo_radius_high", check_optional_radius),
@@ -549,8 +560,8 @@ for _spec in (
         ce_gppo_loss,
         (
             *_CLIP,
-            Hyperparameter("beta1", "ce_gppo_beta1", Number(low=0)),
-            Hyperparameter("beta2", "ce_gppo_beta2", Number(low=0)),
+            Hyperparameter("beta1", "ce_gppo_beta1", _SCALE),
+            Hyperparameter("beta2", "ce_gppo_beta2", _SCALE),
         ),
         incompatible=_NO_DUAL_CLIP,
     ),
@@ -560,8 +571,8 @@ for _spec in (
         aspo_loss,
         (
             *_CLIP,
-            Hyperparameter("c_pos", "aspo_c_pos", Number(low=1)),
-            Hyperparameter("c_neg", "aspo_c_neg", Number(low=1)),
+            Hyperparameter("c_pos", "aspo_c_pos", _WEIGHT_CAP),
+            Hyperparameter("c_neg", "aspo_c_neg", _WEIGHT_CAP),
         ),
         incompatible=_NO_DUAL_CLIP,
     ),
@@ -612,8 +623,8 @@ for _spec in (
         (
             Hyperparameter("mask_low", "ipo_mask_low", check_radius_value),
             Hyperparameter("mask_high", "ipo_mask_high", check_radius_value),
-            Hyperparameter("kl_tau", "ipo_kl_tau", Number(low=0)),
-            Hyperparameter("adv_tau", "ipo_adv_tau", Number(low=0)),
+            Hyperparameter("kl_tau", "ipo_kl_tau", _SCALE),
+            Hyperparameter("adv_tau", "ipo_adv_tau", _SCALE),
         ),
         metrics=ipo_metrics,
         incompatible=_NO_DUAL_CLIP,

@@ -32,6 +32,7 @@ from .configs import (
     check_settings,
 )
 from .library_noise import library_noise_filtered
+from .nonfinite import NonFiniteGuard
 from .policy_term import PolicyTerm, check_engine_logprobs
 from .trl_patches import Patch, patch_method
 
@@ -56,7 +57,7 @@ def _policy_loss_fields():
     """A dataclass holding our fields, in `PolicyLossConfig`'s order: `policy_loss` and every field a registered loss
     reads that `AsyncGRPOConfig` lacks (the Band, DGPO, ... hyper-parameters, and TRL's dual clip `delta`)."""
     present = {f.name for f in dataclasses.fields(AsyncGRPOConfig)}
-    wanted = ({"policy_loss"} | _loss_fields()) - present
+    wanted = ({"policy_loss", "on_nonfinite"} | _loss_fields()) - present
     specs = [
         (f.name, f.type, _copy_field(PolicyLossConfig, f.name))
         for f in dataclasses.fields(PolicyLossConfig)
@@ -74,7 +75,7 @@ class AsyncPolicyLossConfig(PolicyLossFields, AsyncGRPOConfig):
     Configuration of [`AsyncPolicyLossTrainer`]: every parameter of `trl.experimental.async_grpo.AsyncGRPOConfig`,
     plus `policy_loss` and the fields of the registered losses, with [`PolicyLossConfig`]'s defaults and checks
     (`band_divergence`, `band_radius`, `band_solver`, `band_upper_max`, `dgpo_n`, `dgpo_m`, `ce_gppo_beta1`,
-    `ce_gppo_beta2`, `aspo_c_pos`, `aspo_c_neg`, `dppo_*`, and TRL's dual clip `delta`).
+    `ce_gppo_beta2`, `aspo_c_pos`, `aspo_c_neg`, `dppo_*`, ..., TRL's dual clip `delta`, and `on_nonfinite`).
 
     What the synchronous config has and this one has not: `loss_type` (the async trainer's loss is the token sum over
     the micro-batch divided by its token count per process), `importance_sampling_level` (token level only), `beta`
@@ -172,11 +173,19 @@ COMPUTE_LOSS_PATCHES = (
         "    inputs, segment_id, old_log_probs, log_ratio, coef_1, advantages, lower, upper\n)",
         where="after",
     ),
+    Patch(
+        "finite loss",
+        "a NaN or infinite loss stops the run or skips the update, naming what went non-finite (`on_nonfinite`)",
+        target="return loss",
+        code="self._check_finite_loss(\n    loss, log_probs=log_probs, old_log_probs=old_log_probs, "
+        "advantages=advantages, lower=lower, upper=upper,\n    per_token_loss=per_token_loss,\n)",
+        where="before",
+    ),
 )
 _compute_loss = patch_method(AsyncGRPOTrainer, "compute_loss", COMPUTE_LOSS_PATCHES)
 
 
-class AsyncPolicyLossTrainer(PolicyTerm, AsyncGRPOTrainer):
+class AsyncPolicyLossTrainer(PolicyTerm, NonFiniteGuard, AsyncGRPOTrainer):
     """`AsyncGRPOTrainer` whose per-token policy term is `args.policy_loss` (see [`AsyncPolicyLossConfig`]).
 
     Everything else is AsyncGRPOTrainer's: pass the same arguments (`model`, `reward_funcs`, `train_dataset`,

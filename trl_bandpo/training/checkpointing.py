@@ -14,6 +14,8 @@ import torch
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ..core.checks import shown
+
 #: Per-process file of a checkpoint holding the generation batch still being trained on.
 BUFFER_FILE = "generation_buffer_rank{rank}.pt"
 
@@ -38,12 +40,17 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
     return None
 
 
-#: The TRL settings a buffered generation batch depends on: how it is split into micro-batches and reused, and what
-#: its tensors hold (the old policy, the reference log-probs, vLLM's correction).
+#: The TRL settings a buffered generation batch depends on: how it is split into micro-batches and reused; how its
+#: completions were sampled and its old log-probs computed (the trainer divides the logits by the temperature); how
+#: its advantages were computed from the rewards; the reference log-probs and vLLM's correction.
 _TRL_SETTINGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
-                 "num_iterations", "num_generations", "generation_batch_size", "max_completion_length", "beta",
-                 "use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
-                 "loss_type")  # fmt: skip
+                 "num_iterations", "num_generations", "generation_batch_size", "max_completion_length",
+                 "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "generation_kwargs",
+                 "vllm_structured_outputs_regex", "chat_template_kwargs", "mask_truncated_completions",
+                 "max_tool_calling_iterations", "cast_lm_head_to_fp32",
+                 "reward_weights", "multi_objective_aggregation", "scale_rewards",
+                 "beta", "use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+                 "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max", "loss_type")  # fmt: skip
 #: Ours: the policy loss whose bounds are buffered, and what they are computed from.
 _OWN_SETTINGS = ("policy_loss", "band_radius_by", "band_radius_exponent", "band_radius_min", "band_radius_max",
                  "old_logps_source", "dynamic_sampling")  # fmt: skip
@@ -96,13 +103,13 @@ class GenerationBufferCheckpointing:
         generate_every = self.args.steps_per_generation * self.num_iterations
         step = self.state.global_step * self.args.gradient_accumulation_steps
         if os.path.exists(path):
-            state = _load_buffer(path, self.accelerator.device, step)
+            state = _load_buffer(path, self.accelerator.device)
             changed = {
                 key: (value, now)
                 for key, value in state["settings"].items()
                 if (now := buffer_settings(self).get(key, "<absent>")) != value
             }
-            if changed:
+            if changed:  # before the micro-step: a changed gradient_accumulation_steps moves it
                 warnings.warn(
                     f"{checkpoint} holds a generation batch made under other settings ("
                     + ", ".join(f"{key}: {old!r} then, {new!r} now" for key, (old, new) in changed.items())
@@ -112,6 +119,12 @@ class GenerationBufferCheckpointing:
                     stacklevel=2,
                 )
                 return
+            if state["step"] != step:
+                raise _damaged(path, f"its micro-step {state['step']!r} is not the checkpoint's {step}")
+            for index, batch in enumerate(state["buffered_inputs"]):
+                problem = _batch_problem(batch)
+                if problem is not None:
+                    raise _damaged(path, f"its buffered batch {index} {problem}")
             self._step, self._buffered_inputs = state["step"], state["buffered_inputs"]
             if state.get("extra_prompt_rng") is not None:
                 self._extra_prompt_generator = torch.Generator()
@@ -126,14 +139,17 @@ class GenerationBufferCheckpointing:
             )
 
 
-def _load_buffer(path: str, device, step: int) -> dict:
-    """The saved state, read without executing anything (tensors and plain containers only) and checked to be a
-    generation-buffer file of this checkpoint: its keys, and its micro-step counter equal to the checkpoint's."""
-    damaged = (
+def _damaged(path: str, why: str) -> ValueError:
+    return ValueError(
         f"cannot read {path}: the file is truncated or damaged, or is no generation-buffer file of this checkpoint "
-        "({}). Resume from an earlier checkpoint, or delete this file to resume without the buffered batch (the run "
-        "then regenerates at once)."
+        f"({why}). Resume from an earlier checkpoint, or delete this file to resume without the buffered batch (the "
+        "run then regenerates at once)."
     )
+
+
+def _load_buffer(path: str, device) -> dict:
+    """The saved state, read without executing anything (tensors and plain containers only) and checked to be a
+    generation-buffer file: its keys and their types."""
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except pickle.UnpicklingError as error:
@@ -142,15 +158,47 @@ def _load_buffer(path: str, device, step: int) -> dict:
             f"written by trl-bandpo and loading it could run code ({error})."
         ) from None
     except (RuntimeError, EOFError, OSError) as error:
-        raise ValueError(damaged.format(f"{type(error).__name__}: {error}")) from None
+        raise _damaged(path, f"{type(error).__name__}: {error}") from None
     keys = {"step", "buffered_inputs", "extra_prompt_rng", "settings"}
     if not isinstance(state, dict) or set(state) != keys:
         found = sorted(state) if isinstance(state, dict) else type(state).__name__
-        raise ValueError(damaged.format(f"it holds {found}, not the keys {sorted(keys)}"))
-    if state["step"] != step or not isinstance(state["settings"], dict):
-        raise ValueError(damaged.format(f"its micro-step {state['step']!r} is not the checkpoint's {step}"))
+        raise _damaged(path, f"it holds {found}, not the keys {sorted(keys)}")
+    if not isinstance(state["settings"], dict) or not isinstance(state["step"], int):
+        raise _damaged(path, "its settings or micro-step are of the wrong type")
     if not isinstance(state["buffered_inputs"], list) or not all(
         item is None or isinstance(item, dict) for item in state["buffered_inputs"]
     ):
-        raise ValueError(damaged.format("its buffered batch is not a list of batches"))
+        raise _damaged(path, "its buffered batch is not a list of batches")
     return state
+
+
+#: The per-token tensors a buffered batch may hold, each shaped like its `completion_ids`.
+_PER_TOKEN_KEYS = ("completion_mask", "old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps",
+                   "tool_mask", "policy_lower_bound", "policy_upper_bound")  # fmt: skip
+
+
+def _batch_problem(batch: dict | None) -> str | None:
+    """What makes a buffered batch unusable, or None: tensors of the wrong shape or type, advantages that are not all
+    finite, old log-probs that are not finite at every completion token (the first step would train on them)."""
+    if batch is None:
+        return None
+    ids = batch.get("completion_ids")
+    if not torch.is_tensor(ids) or ids.dim() != 2:
+        return f"has no completion_ids of shape (B, T) (got {shown(ids)})"
+    for key in ("prompt_ids", "prompt_mask"):
+        if not torch.is_tensor(batch.get(key)) or batch[key].dim() != 2 or len(batch[key]) != len(ids):
+            return f"has a {key} that is no (B, P) tensor with B = {len(ids)} (got {shown(batch.get(key))})"
+    for key in _PER_TOKEN_KEYS:
+        if key in batch and (not torch.is_tensor(batch[key]) or batch[key].shape != ids.shape):
+            return f"has a {key} not shaped like completion_ids {tuple(ids.shape)} (got {shown(batch[key])})"
+    advantages = batch.get("advantages")
+    if not torch.is_tensor(advantages) or not advantages.is_floating_point() or advantages.shape[:1] != ids.shape[:1]:
+        return f"has no floating advantages with one row per completion (got {shown(advantages)})"
+    if not bool(torch.isfinite(advantages).all()):
+        return "has advantages that are not all finite"
+    old = batch.get("old_per_token_logps")
+    if old is not None:
+        counted = batch["completion_mask"] * batch.get("tool_mask", 1) > 0 if "completion_mask" in batch else True
+        if not old.is_floating_point() or not bool(torch.isfinite(old)[counted].all()):
+            return "has old_per_token_logps that are not finite at every completion token"
+    return None

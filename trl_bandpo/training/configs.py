@@ -24,7 +24,7 @@ from transformers.utils import logging
 from trl import GRPOConfig
 
 from ..core.band import DIVERGENCES, SOLVERS
-from ..core.checks import Choice, Flag, Integer, Number, refuse
+from ..core.checks import INT64_LIMIT, Choice, Flag, Integer, JSONObject, Number, Text, refuse
 from ..core.losses import POLICY_LOSSES, policy_loss_spec, registered_policy_losses
 from .library_noise import library_noise_filtered
 
@@ -36,11 +36,22 @@ TRL_PER_TOKEN_LOSS_TYPES = ("cispo", "sapo", "vespo", "luspo")
 CLIP_AGGREGATION_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 TRL_LOSS_TYPES = CLIP_AGGREGATION_LOSS_TYPES + TRL_PER_TOKEN_LOSS_TYPES
 #: TRL fields that TRL itself does not check, checked by our configs (a NaN learning rate trains NaN weights).
+#: Each is refused here, before anything loads, instead of by a late crash or NaN (a batch size of 0, a seed numpy
+#: refuses, a temperature the logits are divided by, an output_dir of '', ...).
 TRL_FIELD_CHECKS = {
     "learning_rate": Number(low=0),
     "max_completion_length": Integer(low=1, optional=True),
     "loss_type": Choice(TRL_LOSS_TYPES),
+    "temperature": Number(low=0, low_open=True),
+    "per_device_train_batch_size": Integer(low=1),
+    "gradient_accumulation_steps": Integer(low=1),
+    "num_generations": Integer(low=2),  # GRPO's advantages compare completions of one prompt
+    "seed": Integer(low=0, high=2**32 - 1),
+    "output_dir": Text(optional=True),
+    "generation_kwargs": JSONObject(optional=True),
 }
+#: TRL fields read only under their `loss_type` (TRL's own per-token losses), as `sapo_temperature_pos`.
+TRL_LOSS_TYPE_PREFIXES = ("sapo", "vespo")
 
 
 class UnusedSettingWarning(UserWarning):
@@ -154,6 +165,13 @@ class PolicyLossConfig(GRPOConfig):
             of the trainer's model, or the current log-probs when TRL skips it) or `"rollout"` (the log-probs vLLM
             returned with each sampled token; needs `use_vllm=True` and `vllm_importance_sampling_correction=False`,
             and skips the trainer's old-policy pass).
+
+        > Non-finite steps (docs/training.md)
+
+        on_nonfinite (`str`, defaults to `"stop"`):
+            What a training step whose loss or gradient norm is NaN or infinite does: `"stop"` (raise
+            `NonFiniteTrainingError` before the update, naming the policy loss and the first non-finite quantity) or
+            `"skip"` (warn and drop that optimizer update; not with DeepSpeed, whose engine steps by itself).
     """
 
     policy_loss: str = field(default="clip", metadata={"help": _POLICY_LOSS_HELP})
@@ -213,6 +231,13 @@ class PolicyLossConfig(GRPOConfig):
             "choices": ["trainer", "rollout"],
         },
     )
+    on_nonfinite: str = field(
+        default="stop",
+        metadata={
+            "help": "A step whose loss or gradient norm is NaN or inf: 'stop' (raise) or 'skip' (drop the update).",
+            "choices": ["stop", "skip"],
+        },
+    )
     #: The check of each field above that is no loss hyper-parameter (those are the loss registry's).
     FIELD_CHECKS: ClassVar[dict] = {
         "band_radius_by": Choice(("entropy",), optional=True),
@@ -222,6 +247,7 @@ class PolicyLossConfig(GRPOConfig):
         "dynamic_sampling": Flag(),
         "dynamic_sampling_max_rounds": Integer(low=0),
         "old_logps_source": Choice(("trainer", "rollout")),
+        "on_nonfinite": Choice(("stop", "skip")),
     }
 
     def __post_init__(self):
@@ -266,6 +292,10 @@ def check_fields(config) -> None:
         if value is None and falls_back:
             continue  # TRL reads the fallback field, checked under its own name
         setattr(config, name, check(value, name))
+    for f in dataclasses.fields(config._args if isinstance(config, PolicySettings) else config):
+        value = getattr(config, f.name, None)  # any field, ours or TRL's: no integer beyond what a tensor holds
+        if isinstance(value, int) and not isinstance(value, bool) and not -INT64_LIMIT <= value < INT64_LIMIT:
+            refuse(f.name, "a number within the range of 64-bit integers", value)
 
 
 def check_settings(config, defaults: dict | None = None) -> None:
@@ -307,14 +337,25 @@ def check_settings(config, defaults: dict | None = None) -> None:
                 f"({config.num_generations}), so that no prompt group straddles two processes."
             )
     _check_rollout_source(config)
+    deepspeed = getattr(config, "deepspeed", None) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    if getattr(config, "on_nonfinite", "stop") == "skip" and deepspeed:
+        raise ValueError(
+            "on_nonfinite='skip' cannot be used with DeepSpeed: its engine steps the optimizer within the backward "
+            "pass, before the gradient norm is known. Use on_nonfinite='stop'."
+        )
     unused = _unused_settings(config, spec, defaults)
-    if unused:
+    message = "; ".join(f"{name}={getattr(config, name)!r} has no effect {why}" for name, why in unused.items())
+    # Said once per config: the trainer checks its config again, and warns only of what changed since.
+    if unused and config.__dict__.get(_WARNED_KEY) != message:
         warnings.warn(
-            "; ".join(f"{name}={getattr(config, name)!r} has no effect {why}" for name, why in unused.items())
-            + " (docs/policy-losses.md lists what each loss reads).",
+            message + " (docs/policy-losses.md lists what each loss reads).",
             UnusedSettingWarning,
             stacklevel=user_stacklevel(),
         )
+    config.__dict__[_WARNED_KEY] = message
+
+
+_WARNED_KEY = "_trl_bandpo_unused_settings_warned"
 
 
 def _check_rollout_source(config) -> None:
@@ -363,28 +404,29 @@ def _check_rollout_source(config) -> None:
 
 _DISTORTION_REASON = (
     "vLLM returns each sampled token's log-prob after its sampling processing (top-p, top-k and min-p keep part of "
-    "the vocabulary and renormalise over it; min_tokens removes the end-of-sequence token; penalties and biases "
-    "shift the logits), which the trainer's model does not apply, so every token's ratio would start away from 1 "
-    "(at the kept probability mass under truncation) and the trust region would clip or mask tokens that have not "
-    "moved."
+    "the vocabulary and renormalise over it; min_tokens removes the end-of-sequence token; structured outputs "
+    "(guided decoding) remove every token the grammar forbids; penalties and biases shift the logits), which the "
+    "trainer's model does not apply, so every token's ratio would start away from 1 (at the kept probability mass "
+    "under truncation) and the trust region would clip or mask tokens that have not moved."
 )
 _NEUTRAL_SAMPLING_ASYNC = "top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0"
-_NEUTRAL_SAMPLING = f"{_NEUTRAL_SAMPLING_ASYNC}, and generation_kwargs without sampling settings such as min_tokens"
+_NEUTRAL_SAMPLING = (
+    f"{_NEUTRAL_SAMPLING_ASYNC}, no vllm_structured_outputs_regex, and generation_kwargs without sampling settings "
+    "such as min_tokens or structured_outputs"
+)
 
 
 def _rollout_logps_distortions(config) -> list[str]:
     """The sampling settings of `config` under which vLLM's sampling log-probs (its `processed_logprobs`) differ from
     the log-probs of the model the trainer holds, each as `name=value` (`top_p=0.8`,
     `generation_kwargs['min_tokens']=16`): truncation (top-p < 1, top-k > 0, min-p > 0, and min_tokens > 0, which
-    masks the end-of-sequence token), penalties, logit biases, allowed or banned tokens, and a sampling temperature
-    other than the one the trainer divides the logits by. A key of `generation_kwargs` overrides the config's field
-    of that name, as in TRL's vLLM generation; fields a config family lacks (the async configs have no
-    `generation_kwargs`) are skipped."""
-    import json
-
+    masks the end-of-sequence token), constrained decoding (structured outputs, and vLLM's older guided-decoding
+    keys), penalties, logit biases, allowed or banned tokens, and a sampling temperature other than the one the
+    trainer divides the logits by. A key of `generation_kwargs` (a mapping once checked: `check_fields`) overrides
+    the config's field of that name, as in TRL's vLLM generation; fields a config family lacks (the async configs
+    have no `generation_kwargs`) are skipped."""
     extra = getattr(config, "generation_kwargs", None) or {}
-    if isinstance(extra, str):  # before TRL parses it (its __post_init__ turns a JSON string into a dict)
-        extra = json.loads(extra)
+    constrains = lambda v: True  # noqa: E731 - any value given constrains decoding
     changed = {
         "top_p": lambda v: v < 1,
         "top_k": lambda v: v > 0,  # 0 and -1: no top-k
@@ -396,9 +438,11 @@ def _rollout_logps_distortions(config) -> list[str]:
         "logit_bias": bool,
         "allowed_token_ids": bool,
         "bad_words": bool,
+        "vllm_structured_outputs_regex": constrains,
+        "structured_outputs": constrains,
+        # vLLM's guided decoding before structured outputs
+        **dict.fromkeys((f"guided_{kind}" for kind in ("decoding", "json", "regex", "choice", "grammar")), constrains),
     }
-    if not isinstance(extra, dict):
-        extra = {}
     found = []
     for name, is_changed in changed.items():
         label, value = (f"generation_kwargs[{name!r}]", extra[name]) if name in extra else (name, None)
@@ -439,6 +483,10 @@ def _unused_settings(config, spec, defaults: dict) -> dict[str, str]:
         unused.update({name: "without band_radius_by='entropy'" for name in radius_fields if changed(name)})
     if changed("dynamic_sampling_max_rounds") and not getattr(config, "dynamic_sampling", False):
         unused["dynamic_sampling_max_rounds"] = "without dynamic_sampling=True"
+    for loss_type in TRL_LOSS_TYPE_PREFIXES:
+        if getattr(config, "loss_type", None) != loss_type:
+            names = sorted(name for name in defaults if name.startswith(f"{loss_type}_") and changed(name))
+            unused.update(dict.fromkeys(names, f"without loss_type={loss_type!r}"))
     return unused
 
 
@@ -517,13 +565,17 @@ class PolicySettings:
 
 
 def policy_settings(trainer_name: str, args, config_class: type, family: type):
-    """The settings a trainer reads our fields from: `args` itself when it is a config of ours (checked when it was
-    built), else, for a config of TRL's `family` (a project's `GRPOConfig` subclass, say), a `PolicySettings` view
-    with our fields at `config_class`'s defaults, checked as a config of ours would be; said once in the log."""
+    """The settings a trainer reads our fields from, checked again by the same owners as when the config was built
+    (a config is mutable: a value set after `__post_init__`, by the user or a subclass's own `__post_init__`, is
+    refused here, before any model loads): `args` itself when it is a config of ours, else, for a config of TRL's
+    `family` (a project's `GRPOConfig` subclass, say), a `PolicySettings` view with our fields at `config_class`'s
+    defaults; said once in the log."""
     own = [
         f.name for f in dataclasses.fields(config_class) if f.name not in {g.name for g in dataclasses.fields(family)}
     ]
     if all(hasattr(args, name) for name in own):
+        check_fields(args)
+        check_settings(args)
         return args
     if not isinstance(args, family):
         article = "an" if family.__name__[0] in "AEIOU" else "a"
@@ -585,7 +637,11 @@ _LIBRARY_FOLDERS = tuple(
 
 
 def is_library_file(filename: str) -> bool:
-    return filename.startswith(_LIBRARY_FOLDERS) or filename == "<string>"
+    """Whether `filename` is library code: trl_bandpo, TRL, transformers, a dataclass's generated code, or a TRL
+    method we patched (compiled from its own file, `trl_patches`)."""
+    from .trl_patches import PATCHED_FILES
+
+    return filename.startswith(_LIBRARY_FOLDERS) or filename == "<string>" or filename in PATCHED_FILES
 
 
 def user_frame(depth: int = 1):

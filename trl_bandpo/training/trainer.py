@@ -13,6 +13,7 @@ from trl import GRPOConfig, GRPOTrainer
 from .checkpointing import GenerationBufferCheckpointing
 from .configs import BANDPO_PAPER, DGPO_PAPER, TRL_PER_TOKEN_LOSS_TYPES, BandPOConfig, DGPOConfig, PolicyLossConfig
 from .dynamic_sampling import DynamicSampling
+from .nonfinite import NonFiniteGuard
 from .old_policy import OLD_ENTROPIES_KEY, OldPolicyPass
 from .policy_term import PolicyTerm
 from .trl_patches import Patch, patch_method
@@ -55,11 +56,22 @@ COMPUTE_LOSS_PATCHES = (
         "old_per_token_logps, coef_1, log_importance_weights, advantages, lower, upper, mask))",
         where="before",
     ),
+    Patch(
+        "finite loss",
+        "a NaN or infinite loss stops the run or skips the update, naming what went non-finite (`on_nonfinite`)",
+        target="return loss",
+        code="self._check_finite_loss(\n    loss, mask, per_token_logps=per_token_logps, "
+        "old_per_token_logps=old_per_token_logps, advantages=advantages,\n    lower=lower, upper=upper, "
+        "per_token_loss=per_token_loss,\n)",
+        where="before",
+    ),
 )
 _compute_loss = patch_method(GRPOTrainer, "_compute_loss", COMPUTE_LOSS_PATCHES)
 
 
-class PolicyLossTrainer(PolicyTerm, OldPolicyPass, DynamicSampling, GenerationBufferCheckpointing, GRPOTrainer):
+class PolicyLossTrainer(
+    PolicyTerm, NonFiniteGuard, OldPolicyPass, DynamicSampling, GenerationBufferCheckpointing, GRPOTrainer
+):
     """GRPOTrainer whose per-token policy term is `args.policy_loss` (see [`PolicyLossConfig`]).
 
     Everything else is GRPOTrainer's: pass the same arguments (`model`, `reward_funcs`, `train_dataset`,
@@ -121,7 +133,9 @@ class PolicyLossTrainer(PolicyTerm, OldPolicyPass, DynamicSampling, GenerationBu
 
     def _compute_loss(self, model, inputs):
         if self.loss_type in TRL_PER_TOKEN_LOSS_TYPES:  # their policy term is TRL's own: TRL's method, unchanged
-            return super()._compute_loss(model, inputs)
+            loss = super()._compute_loss(model, inputs)
+            self._check_finite_loss(loss)
+            return loss
         return _compute_loss(self, model, inputs)
 
     # -- what the patches call -------------------------------------------------------------------------------------

@@ -1,0 +1,103 @@
+"""Nothing trains on NaN in silence (`on_nonfinite`, docs/training.md, "Non-finite losses and gradients").
+
+Every training micro-step checks its loss (one flag summed over processes, so that all stop together), and every
+optimizer step its gradient norm (transformers' `_get_grad_norm`, already reduced over processes). When either is NaN
+or infinite, `on_nonfinite="stop"` raises `NonFiniteTrainingError` naming the policy loss and the first non-finite
+quantity; `"skip"` warns and drops the update (every gradient set to None, which the optimizer skips: no momentum, no
+weight decay; the step still counts, the learning-rate schedule advances).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from transformers import Trainer
+
+if not hasattr(Trainer, "_get_grad_norm"):  # transformers < 5.3 computes the norm inline: no hook to check it
+    raise ImportError("trl-bandpo needs transformers >= 5.3 (Trainer._get_grad_norm); pip install -U transformers")
+
+
+class NonFiniteTrainingError(FloatingPointError):
+    """A training step's loss or gradient norm is NaN or infinite (with `on_nonfinite="stop"`)."""
+
+
+def first_nonfinite(quantities: dict, mask=None) -> str:
+    """`"<name> (<k> of <n> values, e.g. nan)"` for the first tensor of `quantities` holding a NaN or inf (counted
+    where `mask` keeps a token, when it is shaped alike), or "none of <names>" when every one is finite."""
+    for name, value in quantities.items():
+        if not torch.is_tensor(value):
+            continue
+        bad = ~torch.isfinite(value.detach())
+        if mask is not None and bad.shape == mask.shape:
+            bad = bad & (mask > 0)
+        if bool(bad.any()):
+            example = value.detach()[bad].flatten()[0].item()
+            return f"{name} ({int(bad.sum())} of {bad.numel()} values, e.g. {example})"
+    return f"none of {', '.join(quantities)}"
+
+
+class NonFiniteGuard:
+    """Mixin for our trainers (`PolicyTerm` subclasses): the checks of the module docstring."""
+
+    _nonfinite_step: str | None = None  # what went non-finite in this optimizer step's micro-steps ("skip")
+
+    def _check_finite_loss(self, loss, mask=None, **quantities) -> None:
+        """Called by the patched loss methods with the loss of one micro-step and what it is made of, in the order
+        they are computed. A no-op in evaluation and where every process's loss is finite (one host read)."""
+        if not self.model.training:
+            return
+        local = (~torch.isfinite(loss.detach())).any().float().reshape(1)
+        if not bool(self.accelerator.reduce(local, reduction="sum")):
+            return
+        where = f"first non-finite quantity: {first_nonfinite(quantities, mask)}" if quantities else "TRL's loss_type"
+        where = where if bool(local) else "on another process"
+        self._nonfinite(
+            f"the loss of a micro-step is {loss.detach().float().sum().item()} with policy_loss="
+            f"{self.policy_loss!r} at optimizer step {self.state.global_step} ({where})"
+        )
+
+    def train(self, *args, **kwargs):
+        """Trainer's `train`, then the parameters checked (a last update can make them non-finite with no loss after
+        it to show it): non-finite ones raise, whatever `on_nonfinite`, so a run never ends with them and status 0."""
+        output = super().train(*args, **kwargs)
+        params = dict(self.model.named_parameters())
+        local = torch.stack([(~torch.isfinite(p.detach())).any() for p in params.values()]).any().float().reshape(1)
+        if bool(self.accelerator.reduce(local, reduction="sum")):
+            raise NonFiniteTrainingError(
+                f"training with policy_loss={self.policy_loss!r} ended with non-finite parameters ("
+                f"{first_nonfinite(params) if bool(local) else 'on another process'}) after optimizer step "
+                f"{self.state.global_step}: the last update made them so. Lower the learning rate and resume from an "
+                "earlier checkpoint."
+            )
+        return output
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        found, self._nonfinite_step = self._nonfinite_step, None
+        norm = float(grad_norm) if grad_norm is not None else 0.0
+        if found is None and math.isfinite(norm):
+            return grad_norm
+        if found is None:
+            grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+            found = (
+                f"the gradient norm is {norm} with policy_loss={self.policy_loss!r} at optimizer step "
+                f"{self.state.global_step} though every loss was finite (first non-finite gradient: "
+                f"{first_nonfinite(grads)})"
+            )
+        self._nonfinite(found, skip_now=True)
+        model.zero_grad(set_to_none=True)  # the optimizer skips a parameter without a gradient
+        return grad_norm
+
+    def _nonfinite(self, what: str, skip_now: bool = False) -> None:
+        if self.policy_args.on_nonfinite == "stop":
+            raise NonFiniteTrainingError(
+                f"{what}. Training stops before the update (on_nonfinite='stop'): lower the learning rate, check the "
+                "rewards and the loss's hyper-parameters (docs/policy-losses.md), or set on_nonfinite='skip' to drop "
+                "such updates."
+            )
+        if skip_now:
+            warnings.warn(f"{what}: this optimizer update is skipped (on_nonfinite='skip').", RuntimeWarning, 2)
+        else:
+            self._nonfinite_step = self._nonfinite_step or what
