@@ -43,8 +43,10 @@ def test_adding_a_policy_loss_walkthrough_runs(monkeypatch, tmp_path):
     """Every python block of docs/adding-a-policy-loss.md, in order, in one namespace: it registers a loss, checks
     its gradient weights against the formula, builds its config and trains with it on the tiny local model."""
     import trl_bandpo.core.loss_registry as registry
+    import trl_bandpo.core.losses  # noqa: F401 - the built-in losses registered before the registry is copied
 
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the example's loss does not leak
+    monkeypatch.setattr(registry, "_REGISTERED_BY", dict(registry._REGISTERED_BY))
     monkeypatch.chdir(tmp_path)
     blocks = fenced_blocks((REPO / "docs" / "adding-a-policy-loss.md").read_text(), "python")
     assert len(blocks) >= 5

@@ -249,28 +249,38 @@ def test_zero3_two_processes_bandpo(tiny_model_dir, tmp_path):
 
 
 # The per-token loss inside the trainer equals the pure API on the same tensors, exactly. Hyper-parameters are mapped
-# from the config by hand here (not through the registry), so a wrong config-to-keyword mapping fails too.
+# from the config by hand here (not through the registry), so a wrong config-to-keyword mapping fails too; each case
+# names the tokens its own hyper-parameters act on, `(ratio, advantages, lower, upper) -> {what: mask}`, and the
+# inputs hold some of each (else a hyper-parameter the trainer dropped would pass unnoticed).
 POLICY_TERM_CASES = {
     "band": (
         dict(band_radius=0.03, band_upper_max=4.0, delta=3.0, epsilon=0.1, band_solver="torch"),
         lambda a: dict(radius=0.03, divergence="kl", upper_max=4.0, solver="torch", delta=3.0),
+        # the dual clip changes a token's loss where its ratio is above delta and, with A < 0, above the upper bound,
+        # or, with A > 0, where the upper bound is above delta (Band bounds reach upper_max = 4 here)
+        lambda r, adv, lower, upper: {
+            "dual clip (A < 0)": (adv < 0) & (r > 3.0) & (r > upper),
+            "dual clip (A > 0)": (adv > 0) & (r > 3.0) & (upper > 3.0),
+        },
     ),
     "dgpo": (
         dict(dgpo_n=2, dgpo_m=3.0, epsilon=0.15, epsilon_high=0.25),
         lambda a: dict(n=2, m=3.0, epsilon_low=0.15, epsilon_high=0.25),
+        lambda r, adv, lower, upper: {"n (LN)": (adv < 0) & (r < lower), "m (HP)": (adv > 0) & (r > upper)},
     ),
     "aspo": (
         dict(aspo_c_pos=2.0, aspo_c_neg=4.0, epsilon=0.2),
         lambda a: dict(c_pos=2.0, c_neg=4.0, epsilon_low=0.2, epsilon_high=0.2),
+        lambda r, adv, lower, upper: {"c_pos": (adv > 0) & (r < 1 / 2.0), "c_neg": (adv < 0) & (r > 4.0)},
     ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(POLICY_TERM_CASES))
 def test_per_token_loss_in_trainer_equals_policy_loss(tiny_model_dir, tmp_path, name):
-    from trl_bandpo.core.losses import policy_loss
+    from trl_bandpo.core.losses import policy_bounds, policy_loss
 
-    config_overrides, expected_kwargs = POLICY_TERM_CASES[name]
+    config_overrides, expected_kwargs, acted_on = POLICY_TERM_CASES[name]
     trainer = BandPOTrainer(
         model=tiny_model_dir,
         reward_funcs=shaped_reward,
@@ -294,8 +304,17 @@ def test_per_token_loss_in_trainer_equals_policy_loss(tiny_model_dir, tmp_path, 
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         logps, _ = trainer._get_per_token_logps_and_entropies(trainer.model, input_ids, attention_mask, T)[:2]
-    # old log-probs spread so that every region (inside, clipped low/high, saturated) is populated
+    # old log-probs spread so that every region (inside, clipped low/high, saturated) is populated, with a token of
+    # each advantage sign far above every upper bound (ratios e^2 and e^3; the Band's upper_max here is 4)
     inputs["old_per_token_logps"] = logps - torch.randn(B, T, generator=g) * 1.5
+    inputs["old_per_token_logps"][0, 1] = logps[0, 1] - 2.0
+    inputs["old_per_token_logps"][1, 0] = logps[1, 0] - 3.0
+    ratio = (logps - inputs["old_per_token_logps"]).exp()
+    lower, upper = policy_bounds(name, inputs["old_per_token_logps"], **expected_kwargs(trainer.args))
+    advantages, kept = inputs["advantages"][:, None], inputs["completion_mask"].bool()
+    regions = {"clipped low": (advantages < 0) & (ratio < lower), "clipped high": (advantages > 0) & (ratio > upper)}
+    for what, where in {**regions, **acted_on(ratio, advantages, lower, upper)}.items():
+        assert (where & kept).any(), f"no token in {what}: the test would pass without it"
 
     captured = {}
     original = trainer._per_token_policy_loss
