@@ -30,7 +30,8 @@ from .library_noise import library_noise_filtered
 
 logger = logging.get_logger(__name__)
 
-# TRL loss types whose per-token policy term is TRL's own (not a clipped ratio); they only combine with "clip".
+# TRL loss types GRPOTrainer handles with code of its own (cispo, sapo, vespo: their own per-token terms; luspo: grpo's
+# term summed per sequence, docs/policy-losses.md); they run TRL's method unchanged and only combine with "clip".
 TRL_PER_TOKEN_LOSS_TYPES = ("cispo", "sapo", "vespo", "luspo")
 # TRL loss types that aggregate the clipped per-token term: every registered policy loss runs under these.
 CLIP_AGGREGATION_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
