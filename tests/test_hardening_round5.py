@@ -163,7 +163,7 @@ def test_each_loss_stays_finite_at_the_ends_of_its_accepted_range(name, keyword,
     ],
 )
 def test_values_beyond_the_usable_range_are_refused_with_it(field, value, loss, tmp_path):
-    with pytest.raises(ValueError, match=rf"^{field} must be .*(\d|\]), got"):
+    with pytest.raises(ValueError, match=rf"^{field} must be .*(\d|\]|64 bits), got"):
         PolicyLossConfig(output_dir=str(tmp_path), **CPU, policy_loss=loss, **{field: value})
 
 

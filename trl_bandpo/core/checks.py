@@ -46,6 +46,10 @@ def shown(value: Any) -> str:
     return repr(value)
 
 
+def _integral(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def as_float(value: Any) -> float:
     """`float(value)` for a real number, an integer too large for a float being +-inf (not an OverflowError)."""
     try:
@@ -118,19 +122,21 @@ class Number(_Check):
 @dataclass(frozen=True)
 class Integer(_Check):
     """An integral number (Python or NumPy, not a bool; not a float, even 2.0) from `low` to `high` inclusive, and
-    below `INT64_LIMIT` in magnitude."""
+    below `INT64_LIMIT` in magnitude unless `any_size` (pure arithmetic on Python integers)."""
 
     low: int | None = None
     high: int | None = None
     optional: bool = False
+    any_size: bool = False
+
+    def __call__(self, value: Any, field: str) -> Any:
+        if not self.any_size and _integral(value) and not -INT64_LIMIT <= value < INT64_LIMIT:
+            refuse(field, f"{self.allowed} that fits in 64 bits", value)
+        return super().__call__(value, field)
 
     def _accepts(self, value: Any) -> bool:
         return (
-            isinstance(value, numbers.Integral)
-            and not isinstance(value, bool)
-            and (self.low is None or value >= self.low)
-            and (self.high is None or value <= self.high)
-            and -INT64_LIMIT <= value < INT64_LIMIT
+            _integral(value) and (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
         )
 
     def _normalise(self, value: Any) -> int:
@@ -140,7 +146,7 @@ class Integer(_Check):
         if self.low is not None and self.high is not None:
             return f"an integer in [{self.low}, {self.high}]"
         if self.low is not None:
-            return f"an integer >= {self.low} and < 2**63"
+            return f"an integer >= {self.low}"
         return "an integer of 64 bits"
 
 

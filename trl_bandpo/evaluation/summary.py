@@ -20,7 +20,7 @@ PASS_LABEL = "pass@k (unbiased)"
 BEST_LABEL = "best@k (bootstrap, as verl logs)"
 
 
-_COUNT, _POSITIVE = Integer(low=0), Integer(low=1)
+_COUNT, _POSITIVE = Integer(low=0, any_size=True), Integer(low=1, any_size=True)
 
 
 def _check_nck(n: int, c: int, k: int) -> None:
