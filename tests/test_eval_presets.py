@@ -265,14 +265,15 @@ def test_preset_fills_every_setting(name):
 
 
 def test_explicit_flags_override_the_preset():
+    # amc2023: a benchmark the preset's scorer mapping names (math500 would need --scorer math500=NAME)
     settings = parse([
         "--preset", "bandpo", "--temperature", "0.6", "--top-p", "0.95", "--top-k", "20", "--max-new-tokens", "2048",
-        "--num-samples", "8", "--prompt-template", "boxed", "--benchmarks", "math500",
+        "--num-samples", "8", "--prompt-template", "boxed", "--benchmarks", "amc2023",
     ])  # fmt: skip
     assert settings["temperature"] == 0.6 and settings["top_p"] == 0.95 and settings["top_k"] == 20
     assert settings["max_new_tokens"] == 2048 and settings["num_samples"] == 8
     assert settings["ks"] == [1, 2, 4, 8]  # the preset's ks up to --num-samples
-    assert settings["prompt_template"] == "boxed" and settings["benchmarks"] == ["math500"]
+    assert settings["prompt_template"] == "boxed" and settings["benchmarks"] == ["amc2023"]
     assert settings["scorer"] == EXPECTED["bandpo"]["scorer"] and settings["preset"] == "bandpo"
     assert parse(["--preset", "dgpo", "--ks", "1", "4"])["ks"] == [1, 4]
 
@@ -324,8 +325,8 @@ def test_scorer_mapping_must_cover_the_benchmarks(bench_files, tmp_path, no_mode
 
 
 def test_a_custom_benchmark_under_a_preset_needs_scorer(bench_files, tmp_path, no_model_loading, capsys):
-    """`--preset bandpo --benchmarks a.jsonl` without --scorer: one line naming --scorer, the benchmark, the scorers
-    the preset has and the scorer names allowed."""
+    """`--preset bandpo --benchmarks a.jsonl` without --scorer: one line naming --benchmarks (the flag given against
+    the preset), the benchmark, the scorers the preset has and the --scorer entry to add, with the names allowed."""
     with pytest.raises(SystemExit) as info:
         eval_cli.eval_main([
             "--model", "m", "--output-dir", str(tmp_path / "out"), "--preset", "bandpo", "--benchmarks",
@@ -334,7 +335,7 @@ def test_a_custom_benchmark_under_a_preset_needs_scorer(bench_files, tmp_path, n
     assert info.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error == (
-        "trl-bandpo eval: error: argument --scorer: benchmark 'a' has no scorer (--preset bandpo scores only "
+        "trl-bandpo eval: error: argument --benchmarks: benchmark 'a' has no scorer (--preset bandpo scores only "
         "['aime2024', 'aime2025', 'amc2023']): a custom benchmark needs --scorer a=NAME (or one NAME for every "
         "benchmark), NAME one of ['math_verify', 'dapo', 'strict', 'math_reward']"
     )

@@ -1,5 +1,6 @@
-"""Recipe parsing for `trl-bandpo train`: TRL's `TrlParser`, plus checks before anything loads: repeated YAML keys,
-unknown keys and flags (with the closest valid names), YAML value types, required fields, `UnusedSettingWarning`."""
+"""Recipe parsing for `trl-bandpo train`: TRL's `TrlParser` (the recipe read once), plus checks before anything
+loads: repeated YAML keys, unknown keys and flags (with the closest valid names), YAML value types, `env` values,
+required fields, `UnusedSettingWarning`; `~` and `$VAR` in paths expanded."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 import yaml
 from trl import ModelConfig, TrlParser
 
+from ..core.checks import shown
 from ..training.configs import PolicyLossConfig, UnusedSettingWarning, config_class_with_loss_fields
 from .script_arguments import ScriptArguments
 
@@ -28,6 +30,11 @@ DESCRIPTION = (
 )
 REQUIRED = {"model_name_or_path": "a hub id or a local folder", "dataset_name": "a mix, registry names or local files"}
 _KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
+#: The fields that hold paths: `~`, `$VAR` and `${VAR}` in them are expanded as a shell would (`expand_path`).
+PATH_FIELDS = ("model_name_or_path", "output_dir", "resume_from_checkpoint", "dataset_name", "eval_dataset_name",
+               "val_benchmarks", "deepspeed", "fsdp_config", "accelerator_config")  # fmt: skip
+#: `$VAR`, `${VAR}`, and `~` that starts a path (first, or after the `,` of a list or the `=` of name=path).
+_EXPANDABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}|(?:^|(?<=[=,]))~(?=/|,|$)")
 _CPU_HINT = " On a machine without a GPU set `use_cpu: true` and `bf16: false` (or `--use_cpu true --bf16 false`)."
 
 
@@ -67,7 +74,14 @@ def read_recipe(path: str | os.PathLike) -> dict:
             text = handle.read()
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read recipe {os.fspath(path)!r}: {err}") from None
-    loader = _RecipeLoader(text)
+    try:
+        loader = _RecipeLoader(text)  # refuses a control character (a NUL byte) at once
+    except yaml.reader.ReaderError as err:
+        line = text.count("\n", 0, err.position) + 1
+        raise ConfigError(
+            f"recipe {os.fspath(path)!r}, line {line}: YAML allows no control character such as "
+            f"{chr(err.character)!r}: is it a text file?"
+        ) from None
     loader.name = os.fspath(path)
     try:
         recipe = loader.get_single_data()
@@ -133,7 +147,29 @@ class RecipeParser(TrlParser):
         resume = getattr(namespace, "resume_from_checkpoint", None)  # "true"/"false" mean what the YAML booleans do
         if isinstance(resume, str) and resume.strip().lower() in ("true", "false"):
             namespace.resume_from_checkpoint = resume.strip().lower() == "true"
+        for name in (name for name in PATH_FIELDS if hasattr(namespace, name)):
+            value = getattr(namespace, name)
+            value = [expand_path(v, name) for v in value] if isinstance(value, list) else expand_path(value, name)
+            setattr(namespace, name, value)
         return namespace, remaining
+
+
+def expand_path(value, field: str):
+    """`value` with `~` and each set `$VAR` / `${VAR}` expanded as a shell would; `ConfigError` naming `field` and
+    the variable for an unset one. Anything but a string is returned as it is."""
+
+    def expand(match: re.Match) -> str:
+        name = match[1] or match[2]
+        if name is None:
+            return os.path.expanduser("~")
+        if name not in os.environ:
+            raise ConfigError(
+                f"{field} {value!r} uses ${name}, which is not set in the environment: set it (export {name}=...) "
+                "or write the path out."
+            )
+        return os.environ[name]
+
+    return _EXPANDABLE.sub(expand, value) if isinstance(value, str) else value
 
 
 def _check_recipe_value(name: str, value, kind: str, nullable: bool, path) -> None:
@@ -211,17 +247,25 @@ def parse_args(argv: Sequence[str] | None = None):
             raise ConfigError("--config needs a path to a YAML recipe.")
         path = argv[at + 1]
         recipe = read_recipe(path)
-        if not recipe:  # an empty recipe sets nothing (TrlParser refuses a file that holds no mapping)
-            del argv[at : at + 2]
-    if not isinstance(recipe.get("env", {}), dict):
+        del argv[at : at + 2]  # read once (a FIFO such as `<(cat recipe.yaml)` cannot be read again): parsed below
+    env = recipe.pop("env", {})
+    if not isinstance(env, dict):
         raise ConfigError("`env` in the recipe must be a mapping of variable: value.")
+    for key, value in env.items():
+        if not isinstance(value, (str, int, float)):  # TrlParser would set the variable to str(value): "None"
+            raise ConfigError(
+                f"env.{key} in recipe {path!r} must be a string, number or bool, got "
+                f"{'null' if value is None else shown(value)}."
+            )
     parser = RecipeParser(
         _dataclass_types(argv, recipe), recipe_path=path, prog="trl-bandpo train", usage=USAGE, description=DESCRIPTION
     )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", UnusedSettingWarning)
-            script_args, training_args, model_args = parser.parse_args_and_config(argv)
+            os.environ.update({str(key): str(value) for key, value in env.items()})  # as TrlParser sets them
+            parser.set_defaults_with_config(**recipe)
+            script_args, training_args, model_args = parser.parse_args_into_dataclasses(argv)
     except ConfigError:
         raise
     except UnusedSettingWarning as warning:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from trl import ModelConfig
 
 from ..data import TRAINING_MIXES
+from ..evaluation.generation import warn_about_positions
 from ..training.configs import PolicyLossConfig
 from ..training.library_noise import library_noise_filtered
 from .recipe import ConfigError, parse_args
@@ -193,31 +194,6 @@ def check_before_loading(script_args: ScriptArguments, training_args, model_args
         ) from None
 
 
-def warn_about_positions(model_config, training_args, train_dataset, tokenizer=None):
-    """Warn when a prompt (the longest, when `tokenizer` is given) plus `max_completion_length` tokens exceed the
-    model's `max_position_embeddings`."""
-    completion = training_args.max_completion_length
-    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    positions = getattr(text_config, "max_position_embeddings", None)
-    if completion is None or not isinstance(positions, int) or positions < 1:
-        return
-    prompt, what = 0, f"max_completion_length {completion}"
-    if tokenizer is not None and completion < positions and len(train_dataset):
-        from ..data import prompt_lengths
-
-        prompt = max(prompt_lengths(train_dataset["prompt"], tokenizer, training_args.chat_template_kwargs))
-        what = f"the longest prompt ({prompt} tokens) + max_completion_length {completion}"
-    if prompt + completion <= positions:
-        return
-    warnings.warn(
-        f"{what} = {prompt + completion} tokens exceed the {positions} positions of the model "
-        f"(max_position_embeddings): tokens past position {positions} are beyond what the model supports, and "
-        f"generating them is slow. Lower max_completion_length (e.g. --max_completion_length "
-        f"{max(1, positions - prompt) if prompt < positions else 32}).",
-        stacklevel=2,
-    )
-
-
 def _model_init_kwargs(model_args: ModelConfig, training_args: PolicyLossConfig) -> dict:
     kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
                   attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
@@ -293,7 +269,9 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
     asynchronous = script_args.async_rollouts
     if not asynchronous:  # the asynchronous trainer cycles through the prompts (the loaders refuse an empty set)
         check_dataset_size(len(train_dataset), training_args)  # before the model loads
-    warn_about_positions(model_config, training_args, train_dataset, tokenizer)
+    prompts = train_dataset["prompt"] if tokenizer is not None else ()  # measured only with the tokenizer
+    warn_about_positions(model_config, training_args.max_completion_length, prompts, tokenizer,
+                         training_args.chat_template_kwargs, "max_completion_length")  # fmt: skip
 
     trainer_cls = trainer_class_for(training_args.policy_loss, asynchronous)
     logger.info(

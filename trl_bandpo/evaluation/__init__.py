@@ -204,6 +204,10 @@ def evaluate(
         settings.benchmarks, max_problems=settings.max_problems, prompt_template=settings.prompt_template
     )
     chosen = scorers_for(settings.scorer, list(datasets_by_name))
+    prompts = [prompt for dataset in datasets_by_name.values() for prompt in dataset["prompt"]]
+    generation.warn_about_positions(
+        model, settings.max_new_tokens, prompts, model, name=settings.name("max_new_tokens")
+    )
 
     started = time.time()
     generate, prompts_per_call = generation.load_generator(

@@ -7,7 +7,9 @@ of a list, so that `evaluate` can score and save each batch as soon as it is gen
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Mapping
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
@@ -118,3 +120,37 @@ def resolve_backend(backend: str, field: str = "backend") -> str:
             "auto or transformers"
         )
     return ("vllm" if installed else "transformers") if backend == "auto" else backend
+
+
+def warn_about_positions(
+    model_config: Any, completion: int | None, prompts: Sequence[Any] = (), tokenizer: Any = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None, name: str = "max_completion_length",
+) -> None:  # fmt: skip
+    """Warn when a prompt (the longest of `prompts`, when `tokenizer` is given) plus `completion` new tokens (the
+    setting `name`) exceed the model's `max_position_embeddings`. `model_config` and `tokenizer` may be the model's
+    folder or Hub id (training and ``trl-bandpo eval`` check this before generating); an unreadable one: no check."""
+    if isinstance(model_config, (str, os.PathLike)):
+        from transformers import AutoConfig
+
+        try:
+            model_config = AutoConfig.from_pretrained(model_config)
+        except (OSError, ValueError):
+            return  # loading the model says why
+    text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    positions = getattr(text_config, "max_position_embeddings", None)
+    if completion is None or not isinstance(positions, int) or positions < 1:
+        return
+    prompt, what = 0, f"{name} {completion}"
+    if tokenizer is not None and completion < positions and len(prompts):
+        from ..data import prompt_lengths
+
+        prompt = max(prompt_lengths(prompts, tokenizer, chat_template_kwargs))
+        what = f"the longest prompt ({prompt} tokens) + {name} {completion}"
+    if prompt + completion <= positions:
+        return
+    warnings.warn(
+        f"{what} = {prompt + completion} tokens exceed the {positions} positions of the model "
+        f"(max_position_embeddings): tokens past position {positions} are beyond what the model supports, and "
+        f"generating them is slow. Lower {name} (e.g. to {max(1, positions - prompt) if prompt < positions else 32}).",
+        stacklevel=2,
+    )

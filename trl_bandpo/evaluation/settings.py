@@ -21,7 +21,7 @@ from typing import Any
 from ..core.checks import Choice, Flag, Integer, Number, none_word, refuse
 from ..data.prompts import PROMPT_TEMPLATES
 from .presets import EVAL_PRESETS, PRESET_SETTINGS, preset_settings
-from .scorers import check_scorer, parse_scorer
+from .scorers import SCORERS, check_scorer, parse_scorer, scorers_for
 from .summary import default_ks
 
 #: Model dtypes that both backends accept ("auto": the checkpoint's own).
@@ -48,6 +48,7 @@ CHECKS = {
     "at_start": Flag(),
     "at_end": Flag(),
 }
+_PACKAGE = Path(__file__).resolve().parents[1]  # trl_bandpo/
 _BENCHMARKS = "a registry name, a local file or name=path, a list of them, or a mapping name -> Dataset or path"
 
 
@@ -149,7 +150,22 @@ class EvalSettings:
         (`preset_settings`: a given scorer mapping updates the preset's, its ks above a given num_samples are
         dropped)."""
         preset = CHECKS["preset"](preset, (names or {}).get("preset", "preset"))
-        return cls(**(given if preset is None else preset_settings(preset, **given)), names=names)
+        settings = cls(**(given if preset is None else preset_settings(preset, **given)), names=names)
+        if preset is not None and given.get("benchmarks") is not None and "scorer" not in given:
+            settings._check_preset_scorer()
+        return settings
+
+    def _check_preset_scorer(self) -> None:
+        """ValueError naming `benchmarks` (given with the preset) for a benchmark its scorer mapping does not name."""
+        for name in _benchmark_names(self.benchmarks):
+            try:
+                scorers_for(self.scorer, [name])
+            except ValueError:
+                raise ValueError(
+                    f"{self.name('benchmarks')}: benchmark {name!r} has no scorer ({self.name('preset')} "
+                    f"{self.preset} scores only {sorted(self.scorer)}): a custom benchmark needs "
+                    f"{self.name('scorer')} {name}=NAME (or one NAME for every benchmark), NAME one of {list(SCORERS)}"
+                ) from None
 
     def _default_ks(self) -> list[int]:
         return list(default_ks(self.num_samples))
@@ -175,11 +191,15 @@ class EvalSettings:
             isinstance(source, (str, os.PathLike)) for source in self.benchmarks.values()
         )  # Datasets passed in a mapping keep their own prompts
         if dapo and prompted and self.prompt_template != "dapo":
-            template = self.name("prompt_template")
+            template, scorer = self.name("prompt_template"), self.name("scorer")
+            conflict = f"{scorer} 'dapo' (for {', '.join(dapo)}) with {template}={self.prompt_template!r}"
+            if self.preset and EVAL_PRESETS[self.preset]["prompt_template"] != self.prompt_template:  # template given
+                conflict = (f"{template}={self.prompt_template!r} with {self.name('preset')} {self.preset}, whose "
+                            f"{scorer} is 'dapo' for {', '.join(dapo)}")  # fmt: skip
             warnings.warn(
-                f"{self.name('scorer')} 'dapo' (for {', '.join(dapo)}) with {template}={self.prompt_template!r}: the "
-                "'dapo' scorer reads the 'Answer:' line that DAPO's template asks for, this prompt asks for the last "
-                "\\boxed{}, so every such answer scores wrong. Use 'dapo' for both, or another scorer.",
+                f"{conflict}: the 'dapo' scorer reads the 'Answer:' line that DAPO's template asks for, this prompt "
+                "asks for the last \\boxed{}, so every such answer scores wrong. Use 'dapo' for both, or another "
+                "scorer.",
                 UserWarning, stacklevel=4,
             )  # fmt: skip
 
@@ -259,7 +279,8 @@ def check_device(device: Any, field: str = "device") -> str:
 
 
 def check_output_dir(output_dir: str | os.PathLike, field: str = "output_dir") -> Path:
-    """Create `output_dir` if needed and make sure a file can be written in it; ValueError naming `field` otherwise."""
+    """Create `output_dir` if needed and make sure a file can be written in it; ValueError naming `field` otherwise.
+    Warns when it is this project's checkout root or inside the package: a run would write among the sources."""
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"{field}: {str(out)!r} is an existing file, not a folder")
@@ -269,7 +290,25 @@ def check_output_dir(output_dir: str | os.PathLike, field: str = "output_dir") -
             pass
     except OSError as err:
         raise ValueError(f"{field}: {str(out)!r} is not a writable folder ({err.strerror or err})") from None
+    where, pyproject = out.resolve(), out / "pyproject.toml"
+    why = "inside the installed trl_bandpo package" if where.is_relative_to(_PACKAGE) else None
+    if pyproject.is_file() and 'name = "trl-bandpo"' in pyproject.read_text(encoding="utf-8", errors="replace"):
+        why = "the root of the trl-bandpo checkout (its pyproject.toml)"
+    if why:
+        warnings.warn(
+            f"the output folder {str(out)!r} is {why}: checkpoints and results would be written among the "
+            "sources. Choose a folder outside the project.",
+            UserWarning, stacklevel=1,  # at this line: shown once when two checks of one run (eval's) find it
+        )  # fmt: skip
     return out
+
+
+def _benchmark_names(benchmarks: Any) -> list[str]:
+    """The names `load_eval_benchmarks` gives `benchmarks`: a mapping's keys, a file's stem, NAME of NAME=path, else
+    the entry (a registry name, which the scorers resolve)."""
+    if isinstance(benchmarks, Mapping):
+        return list(benchmarks)
+    return [Path(e).stem if Path(e).exists() else os.fspath(e).partition("=")[0].strip() for e in benchmarks]
 
 
 def recipe_field(name: str) -> str:
