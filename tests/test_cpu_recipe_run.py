@@ -73,8 +73,8 @@ def test_the_documented_cpu_run_trains_and_its_bounds_act(recipe, tiny):
     (reward,) = [key for key in first if key.startswith("rewards/") and key.endswith("/mean")]
     # 1. rewards differ within a group: some right (+1), some wrong (-1), and not every group alike
     assert -1 < first[reward] < 1 and first["reward_std"] > 0 and first["frac_reward_zero_std"] < 1, first
-    # 2. a gradient on both steps
-    assert first["grad_norm"] > 0 and second["grad_norm"] > 0 and first["loss"] != 0, (first, second)
+    # 2. a gradient on both steps (the on-policy loss itself can be 0: group-normalised advantages sum to 0)
+    assert first["grad_norm"] > 0 and second["grad_norm"] > 0 and second["loss"] != 0, (first, second)
     # 3. the first step is on-policy (every ratio 1: nothing clipped); on the second, off-policy, the Band bounds act
     assert first["clip_ratio/region_mean"] == 0, first
     assert second["clip_ratio/region_mean"] > 0, second

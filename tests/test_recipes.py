@@ -443,7 +443,8 @@ def test_every_recipe_parses_with_the_cpu_overrides(path, tmp_path):
     assert script_args.dataset_name == [str(tmp_path / "tiny" / "problems.jsonl")]
     assert validation_settings(script_args) is None
     assert args.generation_batch_size // args.num_generations == 4 <= 16
-    assert args.steps_per_generation == 2 * args.gradient_accumulation_steps  # the second step off-policy
+    # one optimizer step per pass over the generation batch, two passes: the second step off-policy
+    assert (args.steps_per_generation, args.num_iterations) == (args.gradient_accumulation_steps, 2)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -13,12 +13,20 @@ from pathlib import Path
 
 #: The problems file written next to the model.
 PROBLEMS_FILE = "problems.jsonl"
-#: Overrides that run a synchronous recipe on a CPU with the tiny model: 2 optimizer steps of 8 completions (the second
-#: off-policy, so the bounds act) at a learning rate that moves the ratios past the bounds within them.
+#: What a model save writes (weights, shard indexes, configs, tokenizer files): `--overwrite` removes them from PATH
+#: first, so that no shard or index of an earlier, larger save outlives it; other files are left.
+MODEL_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.bin.index.json", "config.json",
+               "generation_config.json", "adapter_config.json", "tokenizer*", "special_tokens_map.json",
+               "added_tokens.json", "vocab.*", "merges.txt", "chat_template.*")  # fmt: skip
+#: Overrides that run a synchronous recipe on a CPU with the tiny model: 2 optimizer steps, each over the whole
+#: generation batch of 4 prompts x 4 completions (the second a second iteration over it, off-policy, so the bounds act;
+#: over all 4 prompts, a step has a gradient unless every group's rewards agree) at a learning rate that moves the
+#: ratios past the bounds within them.
 CPU_OVERRIDES = (
     "--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--use_vllm", "false",
     "--gradient_checkpointing", "false", "--num_generations", "4", "--per_device_train_batch_size", "4",
-    "--gradient_accumulation_steps", "2", "--generation_batch_size", "16", "--max_completion_length", "32",
+    "--gradient_accumulation_steps", "4", "--num_iterations", "2", "--generation_batch_size", "16",
+    "--max_completion_length", "32",
     "--learning_rate", "0.01", "--max_steps", "2", "--logging_steps", "1", "--save_strategy", "no",
     "--report_to", "none", "--val_preset", "none",
 )  # fmt: skip
@@ -97,7 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("path", metavar="PATH", help="folder for the model, its tokenizer and problems.jsonl")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace what PATH holds (refused by default when it is not empty)"
+        "--overwrite",
+        action="store_true",
+        help="replace the model files (weights, shard indexes, configs, tokenizer) and problems PATH holds; other "
+        "files stay (a PATH that is not empty is refused by default)",
     )
     return parser
 
@@ -128,6 +139,12 @@ def tiny_model_main(argv: Sequence[str] | None = None) -> None:
         check_output_dir(target, "PATH")
     except ValueError as err:
         fail(str(err))
+
+    try:
+        for stale in (path for pattern in MODEL_FILES for path in target.glob(pattern) if path.is_file()):
+            stale.unlink()  # an earlier save's shards and index would be loaded with the new model
+    except OSError as err:
+        fail(f"cannot remove {str(err.filename)!r} of the model PATH holds: {err.strerror or err}")
 
     from ..demo.cli import quiet_libraries
 
