@@ -301,7 +301,8 @@ def test_band_bounds_come_from_the_rollouts_old_log_probs(band_trainer):
 
 
 @pytest.mark.parametrize("name", ["clip", "band", "relaxed_band", "dcpo", "dgpo", "band_dgpo", "gppo", "cispo",
-                                  "ce_gppo", "aspo", "dppo_tv", "dppo_kl", "spo", "drpo", "ipo"])  # fmt: skip
+                                  "ce_gppo", "aspo", "dppo_tv", "dppo_kl", "spo", "drpo", "ipo", "cppo", "trm",
+                                  "m2po", "icepop"])  # fmt: skip
 def test_every_registered_loss_trains(band_trainer, name):
     from trl_bandpo.core.losses import POLICY_LOSSES, policy_loss_spec
 
@@ -321,6 +322,43 @@ def test_every_registered_loss_trains(band_trainer, name):
     if spec.metrics is not None:  # the loss's own metrics (DGPO regions, DPPO masks)
         prefix = name.split("_")[-1] if name.startswith("band_") else name.split("_")[0]
         assert any(key.startswith(f"{prefix}/") for key in metrics), sorted(metrics)
+
+
+# the tiny model's probabilities of random tokens are small: CPPO's budget on |q - p| is made as small here
+@pytest.mark.parametrize(
+    "name,noise,hp", [("cppo", 1.0, dict(radius=0.01, rate_min=0.001)), ("trm", 0.15, {}), ("m2po", 0.4, {})]
+)
+def test_sequence_aware_losses_see_each_sample_as_one_sequence(band_trainer, name, noise, hp):
+    """TRL packs the loss tokens of all samples into one flat row: CPPO and TRM still judge each sample's tokens as
+    one sequence (the loss is `policy_loss` on each sample alone) and M2PO the micro-batch's tokens together."""
+    from trl_bandpo.core.losses import policy_loss, policy_loss_spec
+
+    trainer = band_trainer
+    spec = policy_loss_spec(name)
+    trainer._policy = spec
+    bound_kwargs, loss_kwargs = spec.kwargs_from_config(trainer.args)
+    hp = {**bound_kwargs, **loss_kwargs, **hp}
+    trainer._policy_bound_kwargs, trainer._policy_loss_kwargs = spec.split(hp)
+    try:
+        _, batch = _with_old_log_probs(trainer, _samples(vocab=trainer.model.config.vocab_size), noise=noise)
+        loss, _, metrics = _run(trainer, batch)
+    finally:
+        trainer._policy = band = policy_loss_spec("band")
+        trainer._policy_bound_kwargs, trainer._policy_loss_kwargs = band.kwargs_from_config(trainer.args)
+    old, advantages, segment = batch["old_log_probs"][0], batch["advantages"][0], batch["segment_id"][0]
+    current = _forward_log_probs(trainer, batch)
+    rows = [segment == sample for sample in segment.unique()] if name != "m2po" else [segment >= 0]
+    per_token = torch.zeros_like(old)
+    for row in rows:
+        args = (current[row][None], old[row][None], advantages[row][None])
+        per_token[row] = policy_loss(name, *args, **hp)[0]
+    expected = per_token.sum() / old.numel() / trainer.current_gradient_accumulation_steps
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-7)
+    ((num, den),) = metrics[f"{name}/masked_share"]
+    assert 0 < num < den and den == old.numel()  # the rule kept some tokens and masked others
+    if name == "trm":
+        ((num, den),) = metrics["trm/sequence_masked_share"]
+        assert 0 < num < den == B_SAMPLES
 
 
 def test_a_non_finite_loss_stops_the_async_trainer_naming_the_quantity(band_trainer):

@@ -58,6 +58,16 @@ def make_config(**kwargs):
         (dict(band_upper_max="abc"), "band_upper_max"),
         (dict(band_radius="0.05"), "band_radius"),
         (dict(policy_loss=["band"]), "policy_loss"),
+        (dict(policy_loss="cppo", cppo_delta=0.0), "cppo_delta"),
+        (dict(policy_loss="cppo", cppo_w_min=1.5), "cppo_w_min"),
+        (dict(policy_loss="cppo", cppo_delta_b=-0.1), "cppo_delta_b"),
+        (dict(policy_loss="trm", trm_divergence="kl"), "trm_divergence"),
+        (dict(policy_loss="trm", trm_reduce="sum"), "trm_reduce"),
+        (dict(policy_loss="trm", trm_threshold=float("nan")), "trm_threshold"),
+        (dict(policy_loss="m2po", m2po_threshold=0.0), "m2po_threshold"),
+        (dict(policy_loss="icepop", icepop_low=0.0), "icepop_low"),
+        (dict(policy_loss="icepop", icepop_high=0.5), "icepop_high"),
+        (dict(policy_loss="icepop", icepop_low=1.0, icepop_high=1.0), "icepop_low"),
     ],
 )
 def test_config_rejects_with_the_field_name(kwargs, field):
@@ -78,6 +88,8 @@ def test_config_accepts_valid_edge_values():
         ("band", dict(dgpo_n=2, aspo_c_pos=2.0), ["aspo_c_pos", "dgpo_n"]),
         ("dgpo", dict(band_upper_max=None, ce_gppo_beta1=0.5), ["band_upper_max", "ce_gppo_beta1"]),
         ("clip", dict(band_divergence="tv", band_solver="torch"), ["band_divergence", "band_solver"]),
+        ("cppo", dict(trm_threshold=0.1, icepop_low=0.2), ["icepop_low", "trm_threshold"]),
+        ("icepop", dict(cppo_delta=0.1, m2po_threshold=0.1), ["cppo_delta", "m2po_threshold"]),
     ],
 )
 def test_fields_the_loss_ignores_warn_by_name(policy, kwargs, unused):
@@ -94,6 +106,10 @@ def test_fields_the_loss_reads_do_not_warn():
         make_config(policy_loss="dgpo", dgpo_n=2, dgpo_m=3.0)
         make_config(policy_loss="relaxed_band", band_radius=0.1, epsilon_high=0.28)
         make_config(policy_loss="clip")
+        make_config(policy_loss="cppo", cppo_delta=0.1, cppo_w_min=0.5, cppo_delta_b=0.05)
+        make_config(policy_loss="trm", trm_divergence="k1", trm_reduce="max", trm_threshold=0.1, epsilon_high=0.28)
+        make_config(policy_loss="m2po", m2po_threshold=0.1, epsilon_high=0.28)
+        make_config(policy_loss="icepop", icepop_low=0.125, icepop_high=8.0, epsilon_high=0.28)
 
 
 @pytest.mark.parametrize("name", [n for n in POLICY_LOSSES if n != "clip"])
@@ -155,6 +171,8 @@ def test_advantages_of_shape_B_are_per_sequence(name, B, T):
     flat = policy_loss(name, logps, old, adv)
     column = policy_loss(name, logps, old, adv[:, None])
     torch.testing.assert_close(flat, column, rtol=0, atol=0)
+    if name == "m2po":
+        return  # M2PO's mask is over the whole micro-batch: row b alone has another one
     # and the per-sequence reading is the only one: row b uses adv[b] at every t
     for b in range(B):
         row = policy_loss(name, logps[b : b + 1], old[b : b + 1], adv[b : b + 1])
@@ -200,6 +218,15 @@ def test_number_and_bool_advantages_match_tensors(name, value):
         ("aspo", dict(c_pos=0.5), "c_pos"),
         ("aspo", dict(c_neg="3"), "c_neg"),
         ("dcpo", dict(upper_max=0.5), "upper_max"),
+        ("cppo", dict(radius=1.5), "radius"),
+        ("cppo", dict(w_min=0.0), "w_min"),
+        ("cppo", dict(rate_min=float("inf")), "rate_min"),
+        ("trm", dict(divergence="k2"), "divergence"),
+        ("trm", dict(reduce=None), "reduce"),
+        ("trm", dict(threshold=-0.01), "threshold"),
+        ("m2po", dict(threshold="0.04"), "threshold"),
+        ("icepop", dict(low=-0.5), "low"),
+        ("icepop", dict(high=0.9), "high"),
     ],
 )
 def test_pure_api_checks_hyperparameters_like_the_config(name, kwargs, field):
@@ -235,6 +262,10 @@ def test_extreme_log_ratios_never_give_nan(name, dtype):
     if name in ("clip", "band", "relaxed_band", "dcpo"):
         far = torch.tensor(LOG_RATIOS) >= 50.0  # far above every upper bound: clipped for A > 0
         assert torch.equal(logps.grad[0][far].float(), torch.zeros(int(far.sum())))
+    if name == "icepop":  # far outside [0.5, 5]: masked whatever the advantage's sign
+        far = torch.tensor(LOG_RATIOS).abs() >= 5.0
+        assert torch.equal(logps.grad[:, far].float(), torch.zeros(3, int(far.sum())))
+        assert torch.equal(loss[:, far], torch.zeros(3, int(far.sum())))
 
 
 def test_ratio_cap_is_the_largest_finite_value_with_a_margin():

@@ -17,6 +17,10 @@ from trl_bandpo.core.losses import POLICY_LOSSES, policy_bounds, policy_loss, po
 
 F64 = torch.float64
 CLIPPED = ("clip", "band", "relaxed_band", "dcpo")
+# A token's loss depends on its whole sequence (CPPO's budget, TRM's statistic) or the micro-batch (M2PO's second
+# moment): no function of the token alone, so out of the per-token grids (tests/test_masked_losses.py covers them).
+SEQUENCE_AWARE = ("cppo", "trm", "m2po")
+PER_TOKEN = tuple(name for name in POLICY_LOSSES if name not in SEQUENCE_AWARE)
 
 # Reference table of docs/band-operator.md, KL, delta = 0.05: p -> (lower, upper).
 # None of these hits the upper_max = 10 cap.
@@ -99,6 +103,10 @@ def expected_weight(name, r, a, lo, hi, hp):
         return c_neg if r > c_neg else r
     if name == "cispo":  # the DGPO paper's CISPO: both-sided clipped weight everywhere, never 0
         return min(max(r, lo), hi)
+    if name == "icepop":  # the clipped surrogate's weight where low <= r <= high, 0 (masked) outside
+        if not hp.get("low", 0.5) <= r <= hp.get("high", 5.0):
+            return 0.0
+        return 0.0 if reg in ("LN", "HP") else r
     if name in ("dppo_tv", "dppo_kl"):  # masked where the token left the region on its advantage's side
         cap = hp.get("ratio_cap", 20.0)
         return 0.0 if reg in ("LN", "HP") else (r if cap is None else min(r, cap))
@@ -140,6 +148,8 @@ def dgpo_surrogate_value(pi, p, a, lo, hi, n, m):
 def expected_value(name, r, a, lo, hi, hp, pi, p):
     if name == "cispo":  # forward value: -A times the clipped ratio
         return -a * min(max(r, lo), hi)
+    if name == "icepop":  # TRL's clipped value where low <= r <= high, 0 outside
+        return trl_clip_value(r, a, lo, hi) if hp.get("low", 0.5) <= r <= hp.get("high", 5.0) else 0.0
     if name in ("dppo_tv", "dppo_kl"):  # forward value: -A times the truncated ratio
         cap = hp.get("ratio_cap", 20.0)
         return -a * (r if cap is None else min(r, cap))
@@ -186,12 +196,15 @@ HP_CASES = {
     "spo": [{"epsilon": 0.2}, {"epsilon": 0.5}],
     "drpo": [{"epsilon": 0.05}, {"epsilon": 0.3}],
     "ipo": [{}, {"mask_low": 0.05, "mask_high": 0.2}, {"kl_tau": 0.0}, {"kl_tau": 0.1, "adv_tau": 2.0}],
+    "icepop": [{}, {"low": 0.3, "high": 3.0}, {"epsilon_low": 0.1, "epsilon_high": 0.28, "low": 0.7, "high": 1.5}],
 }
-CASES = [(name, hp) for name in POLICY_LOSSES for hp in HP_CASES[name]]
+CASES = [(name, hp) for name in PER_TOKEN for hp in HP_CASES[name]]
 
 
 def test_hp_cases_cover_every_registered_loss():
-    assert set(POLICY_LOSSES) == set(HP_CASES)
+    assert set(PER_TOKEN) == set(HP_CASES)
+    # the losses left out are exactly those that see the whole sequence (they declare `mask`)
+    assert {name for name in POLICY_LOSSES if "mask" in policy_loss_spec(name).context} == set(SEQUENCE_AWARE)
 
 
 def _critical_points(name, lo, hi, hp):
@@ -202,6 +215,8 @@ def _critical_points(name, lo, hi, hp):
         pts += [1 / hp.get("c_pos", 3.0), hp.get("c_neg", 3.0)]
     if name.startswith("dppo") and hp.get("ratio_cap", 20.0) is not None:
         pts.append(hp.get("ratio_cap", 20.0))
+    if name == "icepop":
+        pts += [hp.get("low", 0.5), hp.get("high", 5.0)]
     return [c for c in pts if c > 0]  # a saturated lower bound (0) is no boundary any ratio can sit on
 
 
@@ -477,6 +492,11 @@ SAFETY_HP = {
     "spo": [{}, {"epsilon": 0.2}],
     "drpo": [{}, {"epsilon": 0.05}],
     "ipo": [{}, {"mask_low": 0.5, "mask_high": 0.5, "kl_tau": 1.0}],
+    # the second settings keep every token (the widest budget, threshold and interval): each one's surrogate is seen
+    "cppo": [{}, {"radius": 1.0, "w_min": 1.0, "rate_min": 1.0}],
+    "trm": [{}, {"divergence": "k1", "reduce": "max", "threshold": 1e30}],
+    "m2po": [{}, {"threshold": 1e30}],
+    "icepop": [{}, {"low": 1e-30, "high": 1e30, "epsilon_high": 0.28}],
 }
 
 
@@ -519,7 +539,7 @@ def test_padding_old_logps_do_not_poison_other_positions(name, pad_old):
     old_padded = old.clone()
     old_padded[~mask] = pad_old
     lp = logps.clone().requires_grad_(True)
-    per_token = policy_loss(name, lp, old_padded, adv)
+    per_token = policy_loss(name, lp, old_padded, adv, mask=mask)  # the sequence-aware losses count only `mask`
     torch.where(mask, per_token, torch.zeros_like(per_token)).sum().backward()
     assert torch.isfinite(lp.grad[mask]).all()
     torch.testing.assert_close(per_token.detach()[:, :4], ref_loss)
@@ -559,7 +579,8 @@ def test_advantage_shapes_b1_and_bt_agree(name):
     torch.testing.assert_close(grad1, grad2, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", POLICY_LOSSES)
+# M2PO ranks the micro-batch's tokens by their own log-ratio: it takes one per token
+@pytest.mark.parametrize("name", [name for name in POLICY_LOSSES if name != "m2po"])
 def test_sequence_level_log_ratio_broadcasts_against_per_token_bounds(name):
     """GSPO-style (B, 1) log ratio with (B, T) bounds: same as the expanded (B, T) log ratio, and the gradient of
     the (B, 1) ratio is the sum over T of the per-token gradients."""
@@ -567,6 +588,7 @@ def test_sequence_level_log_ratio_broadcasts_against_per_token_bounds(name):
     B, T = 4, 6
     old = torch.log(torch.rand(B, T, generator=g, dtype=F64) * 0.9 + 0.05)
     spec = policy_loss_spec(name)
+    context = {key: value for key, value in (("mask", torch.ones(B, T)), ("old_logps", old)) if key in spec.context}
     lower, upper = spec.bounds(old)
     if not torch.is_tensor(lower):  # scalar-bound losses: feed them per-token bounds (any broadcastable bounds work)
         lower, upper = policy_loss_spec("band").bounds(old)
@@ -575,10 +597,10 @@ def test_sequence_level_log_ratio_broadcasts_against_per_token_bounds(name):
     adv = torch.randn(B, 1, generator=g, dtype=F64)
 
     x1 = seq_log_ratio.clone().requires_grad_(True)
-    out1 = spec.loss(x1, adv, lower, upper)
+    out1 = spec.loss(x1, adv, lower, upper, **context)
     out1.sum().backward()
     x2 = seq_log_ratio.expand(B, T).clone().requires_grad_(True)
-    out2 = spec.loss(x2, adv, lower, upper)
+    out2 = spec.loss(x2, adv, lower, upper, **context)
     out2.sum().backward()
     assert out1.shape == (B, T)
     torch.testing.assert_close(out1, out2)
@@ -597,7 +619,7 @@ def test_unknown_name_raises_value_error_listing_names():
     for name in POLICY_LOSSES:
         assert name in str(info.value)
     builtin = {"clip", "band", "relaxed_band", "dgpo", "gppo", "ce_gppo", "aspo", "dcpo", "cispo", "band_dgpo"}
-    builtin |= {"dppo_tv", "dppo_kl", "spo", "drpo", "ipo"}
+    builtin |= {"dppo_tv", "dppo_kl", "spo", "drpo", "ipo", "cppo", "trm", "m2po", "icepop"}
     assert set(POLICY_LOSSES) == builtin
 
 
@@ -609,6 +631,9 @@ def test_unknown_name_raises_value_error_listing_names():
         ("band", ["delta", "radius", "upper_max"]),
         ("ce_gppo", ["beta1", "beta2"]),
         ("aspo", ["c_neg", "c_pos"]),
+        ("cppo", ["radius", "rate_min", "w_min"]),
+        ("trm", ["divergence", "epsilon_high", "epsilon_low", "reduce", "threshold"]),
+        ("icepop", ["epsilon_high", "epsilon_low", "high", "low"]),
     ],
 )
 def test_unknown_hyperparameter_raises_type_error_listing_allowed(name, allowed):

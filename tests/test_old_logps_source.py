@@ -6,6 +6,8 @@ log-probs), patched in where TRL builds its `VLLMGeneration`, so generation runs
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from datasets import Dataset
@@ -173,9 +175,9 @@ def test_rollout_ratio_and_bounds_use_the_engines_logps(tiny_model_dir, tmp_path
     seen = []
     original = trainer._per_token_policy_loss
 
-    def spy(log_ratio, advantages, lower, upper):
-        seen.append((log_ratio.detach(), lower, upper))
-        return original(log_ratio, advantages, lower, upper)
+    def spy(log_ratio, advantages, lower, upper, mask, old_logps):
+        seen.append((log_ratio.detach(), lower, upper, old_logps))
+        return original(log_ratio, advantages, lower, upper, mask, old_logps)
 
     monkeypatch.setattr(trainer, "_per_token_policy_loss", spy)
     trainer.current_gradient_accumulation_steps = 1
@@ -185,8 +187,9 @@ def test_rollout_ratio_and_bounds_use_the_engines_logps(tiny_model_dir, tmp_path
     attention = torch.cat([output["prompt_mask"], output["completion_mask"]], 1)
     with torch.no_grad():
         current, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, attention, keep.size(1))
-    log_ratio, lower_used, upper_used = seen[0]
+    log_ratio, lower_used, upper_used, old_used = seen[0]
     torch.testing.assert_close(log_ratio[keep], (current - expected)[keep], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(old_used[keep], expected[keep], rtol=0, atol=0)  # the losses' `old_logps` context
     assert lower_used is output["policy_lower_bound"] and upper_used is output["policy_upper_bound"]
 
 
@@ -253,6 +256,36 @@ def test_training_with_two_iterations_keeps_the_rollout_logps(tiny_model_dir, tm
     assert kept == pytest.approx(returned, abs=1e-6)
     logged = [entry for entry in trainer.state.log_history if "bounds/upper_mean" in entry]
     assert logged and all(entry["sampling/unscored_token_share"] == 0.0 for entry in logged[:1])
+
+
+@pytest.mark.parametrize("name", ["cppo", "trm", "m2po", "icepop"])
+def test_masking_trust_regions_train_on_the_rollout_logps(tiny_model_dir, tmp_path, monkeypatch, name):
+    """The losses that see whole sequences (CPPO, TRM, M2PO: through TRL's mask, CPPO also the old log-probs) and
+    IcePop train with the engine's log-probs as the old policy."""
+    trainer, engine = _trainer(tiny_model_dir, tmp_path, monkeypatch, policy_loss=name, max_steps=2)
+    seen = []
+    original = trainer._per_token_policy_loss
+
+    def spy(log_ratio, advantages, lower, upper, mask, old_logps):
+        seen.append((mask, old_logps))
+        return original(log_ratio, advantages, lower, upper, mask, old_logps)
+
+    monkeypatch.setattr(trainer, "_per_token_policy_loss", spy)
+    before = {key: p.detach().clone() for key, p in trainer.model.named_parameters()}
+    trainer.train()
+    returned = torch.tensor([lp for call in engine.returned for seq in call for lp in seq])
+    assert len(seen) == 2
+    for mask, old_logps in seen:  # the old policy the losses are given: the engine's log-probs
+        assert torch.isin(old_logps[mask.bool()], returned).all()
+    steps = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(steps) == 2 and all(math.isfinite(entry["loss"]) for entry in steps)
+    shares = [entry[f"{name}/masked_share"] for entry in steps]
+    # the first step's ratios are against the engine's log-probs of random tokens, far from the model's: each rule
+    # masks some (against the trainer's own old log-probs the first step's ratios are about 1: nothing masked)
+    assert 0.0 < shares[0] <= 1.0 and 0.0 <= shares[1] <= 1.0
+    if name == "cppo":  # it keeps the tokens whose ratio moved against their advantage, and trains on them
+        after = dict(trainer.model.named_parameters())
+        assert any(not torch.equal(value, after[key]) for key, value in before.items())
 
 
 def test_skipping_another_pass_is_an_error(tiny_model_dir, tmp_path, monkeypatch):

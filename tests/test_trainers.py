@@ -14,7 +14,7 @@ import torch
 from datasets import Dataset
 
 import trl_bandpo.core.losses
-from trl_bandpo import BandPOConfig, BandPOTrainer, DGPOConfig, DGPOTrainer, PolicyLossConfig
+from trl_bandpo import BandPOConfig, BandPOTrainer, DGPOConfig, DGPOTrainer, PolicyLossConfig, PolicyLossTrainer
 
 SCRIPTS = Path(__file__).parent / "scripts"
 
@@ -117,6 +117,30 @@ def test_dgpo_trains_and_logs_region_metrics(dgpo_run):
         assert entry["clip_ratio/low_mean"] == pytest.approx(entry["dgpo/frac_LN"], abs=0.05)
         assert entry["clip_ratio/high_mean"] == pytest.approx(entry["dgpo/frac_HP"], abs=0.05)
         assert (entry["clip_ratio/low_mean"] > 0) == (entry["dgpo/frac_LN"] > 0)
+
+
+@pytest.mark.parametrize(
+    "name,metrics",
+    [
+        ("cppo", ["cppo/masked_share"]),
+        ("trm", ["trm/masked_share", "trm/sequence_masked_share"]),
+        ("m2po", ["m2po/masked_share", "m2po/m2", "m2po/m2_kept"]),
+        ("icepop", ["icepop/masked_share", "icepop/masked_low_share", "icepop/masked_high_share"]),
+    ],
+    ids=["cppo", "trm", "m2po", "icepop"],
+)
+def test_masking_trust_regions_train_and_log_their_metrics(tiny_model_dir, tmp_path, name, metrics):
+    """CPPO, TRM and M2PO (which see whole sequences or the micro-batch through TRL's mask) and IcePop train."""
+    trainer, changed, steps = run_training(
+        PolicyLossTrainer, PolicyLossConfig, tiny_model_dir, tmp_path, policy_loss=name, max_steps=2
+    )
+    assert trainer.args.policy_loss == name
+    assert changed, "no parameter moved"
+    assert len(steps) == 2 and all(math.isfinite(entry["loss"]) for entry in steps)
+    for key in metrics:
+        values = logged(steps, key)
+        assert len(values) == 2, key
+        assert all(0.0 <= v <= 1.0 for v in values) if "share" in key else all(v >= 0.0 for v in values), key
 
 
 def test_lora_bandpo_trains_only_adapters(tiny_model_dir, tmp_path):
@@ -273,6 +297,30 @@ POLICY_TERM_CASES = {
         lambda a: dict(c_pos=2.0, c_neg=4.0, epsilon_low=0.2, epsilon_high=0.2),
         lambda r, adv, lower, upper: {"c_pos": (adv > 0) & (r < 1 / 2.0), "c_neg": (adv < 0) & (r > 4.0)},
     ),
+    "icepop": (
+        dict(icepop_low=0.3, icepop_high=2.0, epsilon=0.1),
+        lambda a: dict(low=0.3, high=2.0, epsilon_low=0.1, epsilon_high=0.1),
+        # kept here, masked at the defaults [0.5, 5]; masked here, kept at the defaults
+        lambda r, adv, lower, upper: {"low": (r >= 0.3) & (r < 0.5), "high": (r > 2.0) & (r <= 5.0)},
+    ),
+    # A token's fate depends on its sequence (CPPO, TRM) or the micro-batch (M2PO), not on its own ratio: instead of
+    # naming tokens, the test checks that each hyper-parameter at its default changes the loss of some kept token.
+    # (the tiny model gives these random tokens probabilities of about 0.01: CPPO's budget on |q - p| is as small)
+    "cppo": (
+        dict(cppo_delta=0.003, cppo_w_min=0.5, cppo_delta_b=0.002),
+        lambda a: dict(radius=0.003, w_min=0.5, rate_min=0.002),
+        None,
+    ),
+    "trm": (
+        dict(trm_divergence="k1", trm_reduce="max", trm_threshold=2.5, epsilon=0.1),
+        lambda a: dict(divergence="k1", reduce="max", threshold=2.5, epsilon_low=0.1, epsilon_high=0.1),
+        None,
+    ),
+    "m2po": (
+        dict(m2po_threshold=0.5, epsilon=0.1, epsilon_high=0.3),
+        lambda a: dict(threshold=0.5, epsilon_low=0.1, epsilon_high=0.3),
+        None,
+    ),
 }
 
 
@@ -313,7 +361,8 @@ def test_per_token_loss_in_trainer_equals_policy_loss(tiny_model_dir, tmp_path, 
     lower, upper = policy_bounds(name, inputs["old_per_token_logps"], **expected_kwargs(trainer.args))
     advantages, kept = inputs["advantages"][:, None], inputs["completion_mask"].bool()
     regions = {"clipped low": (advantages < 0) & (ratio < lower), "clipped high": (advantages > 0) & (ratio > upper)}
-    for what, where in {**regions, **acted_on(ratio, advantages, lower, upper)}.items():
+    acted = acted_on(ratio, advantages, lower, upper) if acted_on else {}
+    for what, where in {**regions, **acted}.items():
         assert (where & kept).any(), f"no token in {what}: the test would pass without it"
 
     captured = {}
@@ -327,11 +376,15 @@ def test_per_token_loss_in_trainer_equals_policy_loss(tiny_model_dir, tmp_path, 
     trainer._per_token_policy_loss = capture
     trainer._compute_loss(trainer.model, inputs)
     logps = logps.clone().requires_grad_(True)
-    expected = policy_loss(
-        name, logps, inputs["old_per_token_logps"], inputs["advantages"][:, None], **expected_kwargs(trainer.args)
-    )
+    # TRL's mask, which the trainer gives the losses that see whole sequences (the others ignore it)
+    args = (name, logps, inputs["old_per_token_logps"], inputs["advantages"][:, None], inputs["completion_mask"])
+    expected = policy_loss(*args, **expected_kwargs(trainer.args))
     assert captured["loss"].shape == (B, T)
     assert torch.equal(captured["loss"].detach(), expected.detach())
+    if acted_on is None:
+        for key in expected_kwargs(trainer.args):
+            at_default = policy_loss(*args, **{k: v for k, v in expected_kwargs(trainer.args).items() if k != key})
+            assert not torch.equal(at_default[kept], expected[kept]), f"{key}: the test would pass without it"
     # and the gradient (the re-weighted losses differ from their forward value only there); log r = log pi - const
     (grad,) = torch.autograd.grad(captured["loss"].sum(), captured["log_ratio"])
     (expected_grad,) = torch.autograd.grad(expected.sum(), logps)

@@ -93,7 +93,8 @@ def test_the_patched_source_shows_in_tracebacks_and_getsource(monkeypatch):
     """A failure inside the patched `_compute_loss` shows its line; `inspect.getsource` gives the patched text."""
     function = PATCHED_METHODS["GRPOTrainer._compute_loss"]
     source = inspect.getsource(function)
-    assert "self._per_token_policy_loss(log_importance_weights, advantages, lower, upper)" in source
+    assert "per_token_loss = self._per_token_policy_loss(\n" in source
+    assert "log_importance_weights, advantages, lower, upper, mask, old_per_token_logps\n" in source
     filename = function.__code__.co_filename  # a file in the cache (or, if unwritable, a name linecache knows)
     assert Path(filename).name.startswith(f"GRPOTrainer._compute_loss-trl-{trl.__version__}-") or filename.startswith(
         f"<trl-bandpo: GRPOTrainer._compute_loss of TRL {trl.__version__}"
@@ -123,7 +124,9 @@ def test_the_command_prints_the_patched_methods():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "def _compute_loss(self, model, inputs):" in out.stdout and "def compute_loss(self, model" in out.stdout
-    assert "self._per_token_policy_loss(log_importance_weights, advantages, lower, upper)" in out.stdout
+    assert "per_token_loss = self._per_token_policy_loss(\n" in out.stdout
+    assert "log_importance_weights, advantages, lower, upper, mask, old_per_token_logps\n" in out.stdout
+    assert "log_ratio, advantages, lower, upper, None, old_log_probs, segment_id\n" in out.stdout
     assert "Warning" not in out.stderr, out.stderr  # only the methods: no import notices around them
 
 

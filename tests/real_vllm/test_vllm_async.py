@@ -95,13 +95,17 @@ def run_async(name, model_dir, server, output_dir, seed):
         AsyncBandPOTrainer,
         AsyncDGPOConfig,
         AsyncDGPOTrainer,
+        AsyncPolicyLossConfig,
+        AsyncPolicyLossTrainer,
     )
 
     trainer_class, config_class = {
         "bandpo": (AsyncBandPOTrainer, AsyncBandPOConfig),
         "dgpo": (AsyncDGPOTrainer, AsyncDGPOConfig),
-    }[name]
+    }.get(name, (AsyncPolicyLossTrainer, AsyncPolicyLossConfig))
+    loss = {} if name in ("bandpo", "dgpo") else {"policy_loss": name}  # the sequence-aware losses: cppo, m2po
     args = config_class(
+        **loss,
         output_dir=str(output_dir), use_cpu=True, bf16=False, dtype="float32", report_to="none",
         gradient_checkpointing=False, seed=seed, disable_tqdm=True, save_strategy="no", logging_steps=1,
         max_steps=MAX_STEPS, learning_rate=LEARNING_RATE, per_device_train_batch_size=BATCH, token_budget=0,
@@ -123,7 +127,7 @@ def step_logs(trainer) -> list[dict]:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("name", ["bandpo", "dgpo"])
+@pytest.mark.parametrize("name", ["bandpo", "dgpo", "cppo", "m2po"])
 def test_async_run_learns_with_the_engine_following_the_weights(name, seed, vllm_model_dir, vllm_server, tmp_path):
     trainer, push = run_async(name, vllm_model_dir, vllm_server, tmp_path / name, seed)
     logs = step_logs(trainer)
@@ -148,8 +152,8 @@ def test_async_run_learns_with_the_engine_following_the_weights(name, seed, vllm
         for bucket in ("0", "1", "2", "3+"):
             share = entry[f"clip_ratio_by_lag/{bucket}"]
             assert share is None or 0.0 <= share <= 1.0  # None: no sample of that lag in the step
-    key = "bounds/upper_mean" if name == "bandpo" else "loss"  # the Band's bounds are logged
-    assert all(key in entry for entry in logs)
+    key = {"bandpo": "bounds/upper_mean", "cppo": "cppo/masked_share", "m2po": "m2po/m2"}.get(name, "loss")
+    assert all(key in entry for entry in logs)  # the Band's bounds, the sequence-aware losses' own metrics
 
     # The server holds the trained weights (the last push followed the last step).
     ids, start = probe_ids(trainer.processing_class)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .band import broadcasts_to, check_floating_tensor
-from .checks import FLOAT32_MAX, Integer, Number
+from .checks import FLOAT32_MAX, Integer, Number, shown
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,10 @@ EPSILON_HIGH = Hyperparameter(
 DUAL_CLIP = Hyperparameter("delta", "delta", Number(low=1, high=FLOAT32_MAX, low_open=True, optional=True))
 #: The check of an integral power such as DGPO's `n`.
 POWER = Integer(low=1)
+#: What the trainer knows of the batch beyond one token, which a loss (or its metrics) receives by declaring the
+#: keyword: `mask` (`(B, T)`, 1 on the completion tokens that count), `old_logps` (`(B, T)`) and `all_reduce`
+#: (`tensor -> its sum over processes`; the identity in one process). Never hyper-parameters.
+CONTEXT = ("mask", "old_logps", "all_reduce")
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,11 @@ class PolicyLossSpec:
     Attributes:
         name: the `policy_loss` value that selects it.
         bounds: `(old_logps, **bound_kwargs) -> (lower, upper)`, floats or tensors shaped like `old_logps`.
-        loss: `(log_ratio, advantages, lower, upper, **loss_kwargs) -> per-token loss`.
+        loss: `(log_ratio, advantages, lower, upper, **loss_kwargs) -> per-token loss`; it also takes any of the
+            `CONTEXT` keywords it declares (a loss that sees whole sequences declares `mask`).
         hyperparameters: every keyword `bounds` and `loss` take, with the config field it is read from.
         metrics: optional `(log_ratio, advantages, lower, upper, mask, **loss_kwargs) -> {name: (num, den)}`, extra
-            count metrics the trainer logs for this loss (docs/metrics.md).
+            count metrics the trainer logs for this loss (docs/metrics.md); also given the `CONTEXT` it declares.
         check: optional cross-field check `(kwargs, labels, device) -> None` run when the config is built
             (`labels` maps each keyword to the name the user wrote, `device` is where training runs).
         incompatible: config fields that must keep their default with this loss, with the reason (TRL settings
@@ -76,6 +81,7 @@ class PolicyLossSpec:
     incompatible: Mapping[str, str] = field(default_factory=dict)
     bound_names: frozenset[str] = field(init=False, repr=False)
     loss_names: frozenset[str] = field(init=False, repr=False)
+    context: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self):
         def keywords(fn, positional):
@@ -83,7 +89,9 @@ class PolicyLossSpec:
             return {name for name in params if name not in positional}
 
         bound_names = keywords(self.bounds, {"old_logps"})
-        loss_names = keywords(self.loss, {"log_ratio", "advantages", "lower", "upper"})
+        loss_names = keywords(self.loss, {"log_ratio", "advantages", "lower", "upper", *CONTEXT})
+        context = set(inspect.signature(self.loss).parameters) & set(CONTEXT)
+        object.__setattr__(self, "context", frozenset(context))
         declared = {hp.name for hp in self.hyperparameters}
         # Every keyword of the functions is declared (so the pure API and the trainer see the same set) and every
         # declared hyper-parameter reaches a function: a mistake fails at import, not at the first training step.
@@ -231,7 +239,7 @@ def policy_bounds(name: str, old_logps: torch.Tensor, **hyperparameters):
 
 
 def policy_loss(
-    name: str, logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, **hyperparameters
+    name: str, logps: torch.Tensor, old_logps: torch.Tensor, advantages: torch.Tensor, mask=None, **hyperparameters
 ) -> torch.Tensor:
     """Per-token loss of the policy loss `name`, before masking and aggregation.
 
@@ -242,6 +250,8 @@ def policy_loss(
         old_logps (`torch.Tensor` of shape `(B, T)`): log-probs under the policy that sampled them.
         advantages (`torch.Tensor` of shape `(B,)`, `(B, 1)` or `(B, T)`, or a number): `(B,)` is one advantage per
             sequence (TRL's shape); bools and integers count as numbers.
+        mask (`torch.Tensor` of shape `(B, T)`, *optional*): 1 on the tokens that count (default: every token), for the
+            losses that see whole sequences (`cppo`, `trm`, `m2po`); the others ignore it.
         **hyperparameters: the keywords of the loss and its bounds (docs/policy-losses.md lists each loss's), each
             checked at every call by the check its config field has; a bad value is a `ValueError` naming it.
 
@@ -254,4 +264,15 @@ def policy_loss(
     check_floating_tensor(old_logps, "old_logps")
     advantages = _as_advantages(advantages, logps)
     lower, upper = spec.bounds(old_logps, **bound_kwargs)
-    return spec.loss(logps - old_logps.detach(), advantages, lower, upper, **loss_kwargs)
+    if mask is None:
+        mask = torch.ones_like(logps, dtype=torch.bool)
+    elif not torch.is_tensor(mask) or mask.shape != logps.shape:
+        raise ValueError(f"mask must be a tensor shaped like logps {tuple(logps.shape)}, got {shown(mask)}.")
+    context = {"mask": mask, "old_logps": old_logps.detach(), "all_reduce": _same}
+    context = {key: value for key, value in context.items() if key in spec.context}
+    return spec.loss(logps - old_logps.detach(), advantages, lower, upper, **loss_kwargs, **context)
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    """`all_reduce` in one process: the sum over one process is the tensor itself."""
+    return tensor

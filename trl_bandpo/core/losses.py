@@ -29,7 +29,7 @@ from .band import (
     solver_unavailable_reason,
 )
 from .band_solvers import Radius
-from .checks import FLOAT32_MAX, Number, none_word
+from .checks import FLOAT32_MAX, Choice, Number, none_word
 from .loss_registry import (  # noqa: F401  (re-exported)
     DUAL_CLIP,
     EPSILON_HIGH,
@@ -630,6 +630,211 @@ for _spec in (
         incompatible=_NO_DUAL_CLIP,
     ),
 ):
+    register_policy_loss(_spec)
+
+# -- Masking trust regions (docs/policy-losses.md, "Masking trust regions"): CPPO, TRM and M2PO see the sequence or
+# micro-batch through the loss API's `mask` (`(B, T)`, 1 on the tokens that count: the others take no part, so padding
+# changes nothing); IcePop is per token. Each is a keep rule (`*_keep`, bool, no gradient) and a loss: kept tokens
+# have their base term, masked ones 0 (never `inf * 0`), in TRL's normaliser still.
+
+LOG_RATIO_CLAMP = 20.0  # CPPO and TRM clamp log r to [-20, 20], as their authors (and verl) do
+
+
+def _kept(keep: Tensor, term: Tensor) -> Tensor:
+    return torch.where(keep, term, torch.zeros_like(term))
+
+
+def _masked_share(prefix: str, keep: Tensor, mask: Tensor) -> Counts:
+    counted = mask > 0
+    return {f"{prefix}/masked_share": ((~keep & counted).sum(), counted.sum())}
+
+
+# -- CPPO (arXiv 2606.10968): a per-sequence budget on the position-weighted running Binary-TV divergence ----------
+
+
+@torch.no_grad()
+def cppo_keep(log_ratio, advantages, mask, old_logps, *, radius=0.2, w_min=0.8, rate_min=0.02) -> Tensor:
+    """CPPO's keep rule. Per token `D_t = |q_t - p_t|` (new and old probability of the sampled token) and
+    `w_t = 1 - (1 - w_min) (t - 1) / max(T - 1, 1)` over the sequence's `T` counted tokens; with the exclusive running
+    sums `S_t = sum_{j<t} w_j D_j`, `W_t = sum_{j<t} w_j` and the rate `b = clamp(q90(D), rate_min, 2 rate_min)` (the
+    sequence's 0.9 quantile, linear interpolation) a token is kept when its update moves against its advantage
+    (`A (r - 1) <= 0`) or `w_t D_t <= min(radius, radius + b W_t - S_t)`."""
+    log_ratio, old_logps = upcast(log_ratio.detach()), upcast(old_logps.detach())
+    divergence = (torch.exp(old_logps + log_ratio) - torch.exp(old_logps)).abs()
+    # r - 1 as the authors round it (exp, then - 1): a log-ratio one ulp above 0 counts as r = 1, toward p
+    toward = advantages * (torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)) - 1) <= 0
+    counted = mask > 0
+    length = counted.sum(-1, keepdim=True)
+    position = counted.cumsum(-1) - 1  # 0-based among the counted tokens
+    weight = torch.where(counted, 1 - (1 - w_min) * position / (length - 1).clamp(min=1), 0.0)
+    z = torch.where(counted, weight * divergence, 0.0)
+    spent, allowance = z.cumsum(-1) - z, weight.cumsum(-1) - weight
+    ordered = torch.where(counted, divergence, torch.inf).sort(-1).values  # counted values first, ascending
+    at = 0.9 * (length - 1).clamp(min=0)
+    low, high = at.floor().long(), at.ceil().long()
+    below, above = ordered.gather(-1, low), ordered.gather(-1, high)
+    quantile = below + (above - below).nan_to_num(0.0) * (at - low)
+    rate = quantile.clamp(rate_min, 2 * rate_min)
+    budget = torch.clamp(radius + rate * allowance - spent, max=radius)
+    return toward | (z <= budget)
+
+
+def cppo_bounds(old_logps: Tensor, *, radius=0.2):
+    """DPPO-TV's region of `radius` (CPPO's per-token cap at `w = 1`): the bounds the clip-ratio metrics count."""
+    return dppo_tv_bounds(old_logps, radius=radius)
+
+
+def cppo_loss(log_ratio, advantages, lower, upper, *, mask, old_logps, radius=0.2, w_min=0.8, rate_min=0.02):
+    """CPPO: `-A r` on the kept tokens (`cppo_keep`), `r` the plain ratio (`log r` clamped to [-20, 20]); gradient
+    weight `r` on a kept token, 0 on a masked one. `lower`/`upper` (DPPO-TV's region of `radius`) only feed the
+    clip-ratio metrics."""
+    keep = cppo_keep(log_ratio, advantages, mask, old_logps, radius=radius, w_min=w_min, rate_min=rate_min)
+    ratio = torch.exp(upcast(log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return _kept(keep, -advantages * ratio)
+
+
+def cppo_metrics(log_ratio, advantages, lower, upper, mask, *, old_logps, radius=0.2, w_min=0.8, rate_min=0.02):
+    """`cppo/masked_share`: counted tokens the budget masks (the authors' `masked_fraction`)."""
+    keep = cppo_keep(log_ratio, advantages, mask, old_logps, radius=radius, w_min=w_min, rate_min=rate_min)
+    return _masked_share("cppo", keep, mask)
+
+
+# -- TRM (arXiv 2512.23075): drop a sequence whose max or mean token divergence exceeds a threshold ----------------
+
+
+@torch.no_grad()
+def trm_keep(log_ratio, mask, *, divergence="k3", reduce="mean", threshold=0.01) -> Tensor:
+    """TRM's keep rule, as verl's `rollout_rs` computes it on `x = clamp(log r, -20, 20)`: `k3 = r - 1 - x` or
+    `k1 = -x` per counted token, reduced over the sequence by its `max` or masked `mean` (0 for a sequence without
+    counted tokens); the sequence is kept when the statistic is at most `threshold` (`|statistic|` for `k1`: the
+    symmetric band of verl's `seq_mean_k1` with threshold `e^threshold`; `max` of `k1` is `max |x|`)."""
+    x = upcast(log_ratio.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    token = torch.expm1(x) - x if divergence == "k3" else -x
+    counted = mask > 0
+    if reduce == "max":
+        magnitude = token if divergence == "k3" else token.abs()
+        statistic = torch.where(counted, magnitude, -torch.inf).amax(-1, keepdim=True).clamp(min=0.0)
+    else:
+        total = torch.where(counted, token, 0.0).sum(-1, keepdim=True)
+        statistic = total / (counted.sum(-1, keepdim=True) + 1e-8)
+    statistic = statistic if divergence == "k3" else statistic.abs()
+    return (statistic <= threshold).expand_as(x)
+
+
+def trm_loss(log_ratio, advantages, lower, upper, *, mask, divergence="k3", reduce="mean", threshold=0.01):
+    """TRM: the clipped surrogate (TRL's `epsilon`, `epsilon_high`) on the tokens of kept sequences, 0 elsewhere."""
+    keep = trm_keep(log_ratio, mask, divergence=divergence, reduce=reduce, threshold=threshold)
+    return _kept(keep, clipped_surrogate_loss(log_ratio, advantages, lower, upper))
+
+
+def trm_metrics(log_ratio, advantages, lower, upper, mask, *, divergence="k3", reduce="mean", threshold=0.01):
+    """`trm/masked_share` (counted tokens) and `trm/sequence_masked_share` (sequences with counted tokens)."""
+    keep, sequences = (
+        trm_keep(log_ratio, mask, divergence=divergence, reduce=reduce, threshold=threshold),
+        mask.any(-1),
+    )
+    return {
+        **_masked_share("trm", keep, mask),
+        "trm/sequence_masked_share": ((~keep[:, 0] & sequences).sum(), sequences.sum()),
+    }
+
+
+# -- M2PO (arXiv 2510.01161, as AReaL computes it): mask the largest (log r)^2 until their mean is below a threshold -
+
+
+@torch.no_grad()
+def m2po_keep(log_ratio, mask, *, threshold=0.04) -> Tensor:
+    """M2PO's keep rule over the counted tokens of this call (one micro-batch of one process, as in AReaL): sorted by
+    `(log r)^2` from the largest, the fewest largest are masked such that the mean of the rest is `< threshold`; if
+    no such count exists, only the smallest is kept. Ties are broken by position (a stable sort)."""
+    m2 = upcast(log_ratio.detach()).square()
+    counted = (mask > 0).reshape(-1)
+    values = torch.where(counted, m2.reshape(-1), -torch.inf)
+    order = values.argsort(descending=True, stable=True)
+    ordered = values[order][: int(counted.sum())]
+    if ordered.numel() == 0:
+        return mask > 0
+    rest_sum = ordered.flip(0).cumsum(0).flip(0)  # sum of the values from rank i on
+    rest_mean = rest_sum / torch.arange(ordered.numel(), 0, -1, device=ordered.device)
+    below = rest_mean < threshold
+    dropped = below.int().argmax() if bool(below.any()) else ordered.numel() - 1
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
+    return (rank >= dropped).reshape(mask.shape) & (mask > 0)
+
+
+def m2po_loss(log_ratio, advantages, lower, upper, *, mask, threshold=0.04):
+    """M2PO: the clipped surrogate (TRL's `epsilon`, `epsilon_high`) on the kept tokens, 0 on the masked ones."""
+    return _kept(
+        m2po_keep(log_ratio, mask, threshold=threshold), clipped_surrogate_loss(log_ratio, advantages, lower, upper)
+    )
+
+
+def m2po_metrics(log_ratio, advantages, lower, upper, mask, *, threshold=0.04):
+    """`m2po/masked_share` and the second moments `m2po/m2` (counted tokens) and `m2po/m2_kept` (kept ones)."""
+    keep = m2po_keep(log_ratio, mask, threshold=threshold)
+    m2, counted = upcast(log_ratio.detach()).square(), mask > 0
+    return {
+        **_masked_share("m2po", keep, mask),
+        "m2po/m2": (torch.where(counted, m2, 0.0).sum(), counted.sum()),
+        "m2po/m2_kept": (torch.where(keep, m2, 0.0).sum(), keep.sum()),
+    }
+
+
+# -- IcePop (arXiv 2510.18855): mask a token whose ratio leaves [low, high] ----------------------------------------
+
+
+def icepop_keep(log_ratio, *, low=0.5, high=5.0) -> Tensor:
+    """Kept: `low <= r <= high`, `r` the loss's ratio (the engine/trainer mismatch with the engine's old log-probs)."""
+    ratio = safe_exp(log_ratio.detach())
+    return (ratio >= low) & (ratio <= high)
+
+
+def icepop_loss(log_ratio, advantages, lower, upper, *, low=0.5, high=5.0):
+    """IcePop: the clipped surrogate (TRL's `epsilon`, `epsilon_high`) on the kept tokens, 0 on the masked ones."""
+    return _kept(
+        icepop_keep(log_ratio, low=low, high=high), clipped_surrogate_loss(log_ratio, advantages, lower, upper)
+    )
+
+
+def icepop_metrics(log_ratio, advantages, lower, upper, mask, *, low=0.5, high=5.0):
+    """`icepop/masked_share`, split into `icepop/masked_low_share` (`r < low`) and `_high_share` (`r > high`)."""
+    ratio, counted = safe_exp(log_ratio.detach()), mask > 0
+    low_side, high_side = (ratio < low) & counted, (ratio > high) & counted
+    return {
+        "icepop/masked_share": ((low_side | high_side).sum(), counted.sum()),
+        "icepop/masked_low_share": (low_side.sum(), counted.sum()),
+        "icepop/masked_high_share": (high_side.sum(), counted.sum()),
+    }
+
+
+def _check_icepop_interval(kwargs, labels, device) -> None:
+    if not kwargs["low"] < kwargs["high"]:
+        raise ValueError(f"{labels['low']} ({kwargs['low']!r}) must be below {labels['high']} ({kwargs['high']!r}).")
+
+
+_UNIT, _POSITIVE = Number(low=0, low_open=True, high=1), Number(low=0, low_open=True, high=FLOAT32_MAX)
+_CPPO = (
+    Hyperparameter("radius", "cppo_delta", _UNIT),
+    Hyperparameter("w_min", "cppo_w_min", _UNIT),
+    Hyperparameter("rate_min", "cppo_delta_b", Number(low=0, high=1)),
+)
+_TRM = (
+    Hyperparameter("divergence", "trm_divergence", Choice(("k1", "k3"))),
+    Hyperparameter("reduce", "trm_reduce", Choice(("max", "mean"))),
+    Hyperparameter("threshold", "trm_threshold", _POSITIVE),
+)
+_ICEPOP = (
+    Hyperparameter("low", "icepop_low", _UNIT),
+    Hyperparameter("high", "icepop_high", Number(low=1, high=FLOAT32_MAX)),
+)
+for _spec in (
+    PolicyLossSpec("cppo", cppo_bounds, cppo_loss, _CPPO, metrics=cppo_metrics, incompatible=_NO_DUAL_CLIP),
+    PolicyLossSpec("trm", clip_bounds, trm_loss, (*_CLIP, *_TRM), metrics=trm_metrics, incompatible=_NO_DUAL_CLIP),
+    PolicyLossSpec("m2po", clip_bounds, m2po_loss, (*_CLIP, Hyperparameter("threshold", "m2po_threshold", _POSITIVE)),
+                   metrics=m2po_metrics, incompatible=_NO_DUAL_CLIP),
+    PolicyLossSpec("icepop", clip_bounds, icepop_loss, (*_CLIP, *_ICEPOP), metrics=icepop_metrics,
+                   check=_check_icepop_interval, incompatible=_NO_DUAL_CLIP),
+):  # fmt: skip
     register_policy_loss(_spec)
 
 #: The built-in policy losses (`registered_policy_losses()` also lists any registered later).

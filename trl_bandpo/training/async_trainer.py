@@ -151,7 +151,8 @@ COMPUTE_LOSS_PATCHES = (
         "policy term",
         "the registered policy loss in place of TRL's clip",
         target="per_token_loss = -torch.min(",
-        code="per_token_loss = self._per_token_policy_loss(log_ratio, advantages, lower, upper)",
+        code="per_token_loss = self._per_token_policy_loss(\n"
+        "    log_ratio, advantages, lower, upper, None, old_log_probs, segment_id\n)",
     ),
     Patch(
         "low clip ratio",
@@ -274,7 +275,7 @@ class AsyncPolicyLossTrainer(PolicyTerm, NonFiniteGuard, AsyncGRPOTrainer):
         """Count metrics (docs/metrics.md) and staleness metrics (docs/off-policy-and-async.md) of this micro-batch,
         summed over processes and the logging window."""
         mask = torch.ones_like(old_log_probs)
-        counts = self._policy_counts(old_log_probs, coef_1, log_ratio, advantages, lower, upper, mask)
+        counts = self._policy_counts(old_log_probs, coef_1, log_ratio, advantages, lower, upper, mask, segment_id)
         lags = self._sample_lags(inputs)
         if lags is not None:
             known = ~torch.isnan(lags)

@@ -81,7 +81,8 @@ class PolicyLossConfig(GRPOConfig):
             paper's baselines; `"cispo"` clips the weight on both sides as that paper ran it), `"band_dgpo"` (DGPO's
             decay outside the Band bounds, beyond both papers), `"dppo_tv"`, `"dppo_kl"` (DPPO-Binary,
             docs/band-and-dppo.md), `"drpo"`, `"spo"` (smooth regularisers in place of the clip), `"ipo"` (prime-rl's
-            masked loss with a KL term), any loss registered since, or an import path `package.module:loss`. Everything
+            masked loss with a KL term), `"cppo"`, `"trm"`, `"m2po"`, `"icepop"` (masking trust regions), any loss
+            registered since, or an import path `package.module:loss`. Everything
             but `"clip"` requires `loss_type` in `grpo`, `bnpo`, `dr_grpo`, `dapo`.
         band_divergence (`str`, defaults to `"kl"`):
             f-divergence of the Band trust region: `"kl"`, `"tv"`, `"chi2"`, `"reverse_kl"`, `"hellinger"`, `"js"`.
@@ -134,6 +135,27 @@ class PolicyLossConfig(GRPOConfig):
             `beta`, which penalises the KL to the reference model).
         ipo_adv_tau (`float`, defaults to `1.0`):
             IPO's scale of the advantages in its policy term (prime-rl's `adv_tau`).
+
+        > Masking trust regions (docs/policy-losses.md, "Masking trust regions"; the authors' defaults)
+
+        cppo_delta (`float`, defaults to `0.2`):
+            CPPO's per-token cap and initial budget δ on the Binary-TV divergence `|q - p|`, in (0, 1].
+        cppo_w_min (`float`, defaults to `0.8`):
+            CPPO's position weight of a sequence's last token (the first has 1), in (0, 1].
+        cppo_delta_b (`float`, defaults to `0.02`):
+            CPPO's least budget rate δ_b (the rate is the sequence's 0.9 quantile of `|q - p|` within [δ_b, 2 δ_b]).
+        trm_divergence (`str`, defaults to `"k3"`):
+            TRM's token divergence, as verl estimates it: `"k3"` (`r - 1 - log r`) or `"k1"` (`-log r`).
+        trm_reduce (`str`, defaults to `"mean"`):
+            TRM's statistic of a sequence: `"mean"` or `"max"` of the token divergence.
+        trm_threshold (`float`, defaults to `0.01`):
+            TRM drops a sequence whose statistic exceeds it (verl's `seq_mean_k3` presets: 0.01).
+        m2po_threshold (`float`, defaults to `0.04`):
+            M2PO masks the largest `(log r)^2` of the micro-batch until the mean of the rest is below it.
+        icepop_low (`float`, defaults to `0.5`):
+            IcePop's α: a token with ratio `r < α` is masked (prime-rl trained with 0.125).
+        icepop_high (`float`, defaults to `5.0`):
+            IcePop's β: a token with ratio `r > β` is masked (prime-rl trained with 8.0).
 
         > Adaptive per-token radius (an extension, docs/extensions.md)
 
@@ -209,6 +231,15 @@ class PolicyLossConfig(GRPOConfig):
     )
     ipo_kl_tau: float = field(default=1e-3, metadata={"help": "IPO: weight of its KL term (log r)^2 on every token."})
     ipo_adv_tau: float = field(default=1.0, metadata={"help": "IPO: scale of the advantages in its policy term."})
+    cppo_delta: float = field(default=0.2, metadata={"help": "CPPO: per-token cap and initial budget on |q - p|."})
+    cppo_w_min: float = field(default=0.8, metadata={"help": "CPPO: position weight of the last token."})
+    cppo_delta_b: float = field(default=0.02, metadata={"help": "CPPO: least budget rate per token."})
+    trm_divergence: str = field(default="k3", metadata={"help": "TRM: 'k3' or 'k1'.", "choices": ["k1", "k3"]})
+    trm_reduce: str = field(default="mean", metadata={"help": "TRM: 'mean' or 'max'.", "choices": ["max", "mean"]})
+    trm_threshold: float = field(default=0.01, metadata={"help": "TRM: drop a sequence above this divergence."})
+    m2po_threshold: float = field(default=0.04, metadata={"help": "M2PO: bound on the kept tokens' mean (log r)^2."})
+    icepop_low: float = field(default=0.5, metadata={"help": "IcePop: mask a token whose ratio is below this."})
+    icepop_high: float = field(default=5.0, metadata={"help": "IcePop: mask a token whose ratio is above this."})
     band_radius_by: str | None = field(
         default=None, metadata={"help": "Per-token Band radius: None (one radius for every token) or 'entropy'."}
     )

@@ -1,11 +1,6 @@
-"""Nothing trains on NaN in silence (`on_nonfinite`, docs/training.md, "Non-finite losses and gradients").
-
-Every training micro-step checks its loss (one flag summed over processes, so that all stop together), and every
-optimizer step its gradient norm (transformers' `_get_grad_norm`, already reduced over processes). When either is NaN
-or infinite, `on_nonfinite="stop"` raises `NonFiniteTrainingError` naming the policy loss and the first non-finite
-quantity; `"skip"` warns and drops the update (every gradient set to None, which the optimizer skips: no momentum, no
-weight decay; the step still counts, the learning-rate schedule advances).
-"""
+"""Nothing trains on NaN in silence: the loss of every micro-step (a flag summed over processes) and the gradient
+norm of every optimizer step (transformers' `_get_grad_norm`) are checked; `on_nonfinite` says what then happens
+(docs/training.md, "Non-finite losses and gradients")."""
 
 from __future__ import annotations
 

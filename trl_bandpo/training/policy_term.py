@@ -105,20 +105,37 @@ class PolicyTerm:
         kwargs = self._policy_bound_kwargs if radius is None else {**self._policy_bound_kwargs, "radius": radius}
         return self._policy.bounds(old_logps, **kwargs)
 
-    def _per_token_policy_loss(self, log_ratio, advantages, lower, upper) -> torch.Tensor:
-        """The one place the policy term differs from TRL's: the registered loss on TRL's tensors."""
-        return self._policy.loss(log_ratio, advantages, lower, upper, **self._policy_loss_kwargs)
+    def _per_token_policy_loss(self, log_ratio, advantages, lower, upper, mask, old_logps, segment_id=None):
+        """The one place the policy term differs from TRL's: the registered loss on TRL's tensors, with the
+        `CONTEXT` it declares (`mask` `(B, T)`; the asynchronous trainer's flat tokens seen as one row per sample)."""
+        return self._with_context(self._policy.loss, log_ratio, advantages, lower, upper, mask, old_logps, segment_id)
+
+    def _with_context(self, function, log_ratio, advantages, lower, upper, mask, old_logps, segment_id, metrics=False):
+        kwargs, declared = self._policy_loss_kwargs, self._policy.context
+        if metrics or declared:
+            context = {"mask": mask, "old_logps": old_logps, "all_reduce": self._all_reduce}
+            kwargs = {**kwargs, **{key: context[key] for key in declared if key != "mask" or not metrics}}
+        tensors = (log_ratio, advantages, lower, upper) + ((mask,) if metrics else ())
+        if segment_id is None or not declared:
+            return function(*tensors, **kwargs)
+        rows = SampleRows(segment_id)  # packed tokens (N,) -> one padded row per sample (S, L), and back
+        kwargs = {key: rows.unpack(value) for key, value in kwargs.items()}
+        out = function(*(rows.unpack(value) for value in tensors), **kwargs)
+        return out if metrics else out[rows.row, rows.column]
+
+    def _all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.accelerator.reduce(tensor, reduction="sum")
 
     # -- count metrics ---------------------------------------------------------------------------------------------
 
-    def _policy_counts(self, old_logps, ratio, log_ratio, advantages, lower, upper, mask) -> dict:
+    def _policy_counts(self, old_logps, ratio, log_ratio, advantages, lower, upper, mask, segment_id=None) -> dict:
         """The count metrics of docs/metrics.md against the bounds in force, and the selected loss's own."""
         with torch.no_grad():
             lower_t, upper_t = (torch.as_tensor(bound, device=ratio.device) for bound in (lower, upper))
             counts = clip_counts(old_logps, ratio, advantages, lower_t, upper_t, mask)
             if self._policy.metrics is not None:
-                kwargs = self._policy_loss_kwargs
-                counts.update(self._policy.metrics(log_ratio.detach(), advantages, lower, upper, mask, **kwargs))
+                counts.update(self._with_context(self._policy.metrics, log_ratio.detach(), advantages, lower, upper,
+                                                 mask, old_logps, segment_id, metrics=True))  # fmt: skip
         return counts
 
     def _add_counts(self, mode: str, counts: dict) -> None:
@@ -143,3 +160,27 @@ class PolicyTerm:
         counts = {prefix + name: num / den if den > 0 else None for name, (num, den) in window.items()}
         window.clear()
         super().log({**logs, **counts}, start_time)
+
+
+class SampleRows:
+    """The asynchronous trainer's packed loss tokens `(N,)`, tagged with their sample (`segment_id`, in order), as one
+    right-padded row per sample `(S, L)`: a loss that declares `mask` sees samples as the synchronous trainer does."""
+
+    def __init__(self, segment_id: torch.Tensor):
+        count = int(segment_id.max()) + 1 if segment_id.numel() else 0
+        starts = torch.zeros(count + 1, dtype=torch.long, device=segment_id.device)
+        starts[1:] = torch.bincount(segment_id, minlength=count).cumsum(0)
+        order = segment_id.argsort(stable=True)
+        self.row = segment_id
+        self.column = torch.empty_like(segment_id)
+        self.column[order] = torch.arange(segment_id.numel(), device=segment_id.device) - starts[segment_id[order]]
+        self.shape = (count, int(self.column.max()) + 1 if segment_id.numel() else 0)
+        self.mask = self.unpack(torch.ones_like(segment_id, dtype=torch.bool))
+
+    def unpack(self, value):
+        """A tensor of one value per token `(N,)` as `(S, L)` (0 / False at padding); anything else as it is."""
+        if not torch.is_tensor(value) or value.shape != self.row.shape:
+            return self.mask if value is None else value
+        rows = value.new_zeros(self.shape)
+        rows[self.row, self.column] = value
+        return rows

@@ -34,7 +34,8 @@ COMPUTE_LOSS_PATCHES = (
         "the registered policy loss replaces TRL's per-`loss_type` policy terms, with the bounds of the old log-probs",
         target='if self.loss_type == "cispo":',
         code="lower, upper = self._loss_bounds(inputs, old_per_token_logps, entropies, mask)\n"
-        "per_token_loss = self._per_token_policy_loss(log_importance_weights, advantages, lower, upper)",
+        "per_token_loss = self._per_token_policy_loss(\n"
+        "    log_importance_weights, advantages, lower, upper, mask, old_per_token_logps\n)",
     ),
     Patch(
         "low clip ratio",
