@@ -178,8 +178,25 @@ def test_method_settings_and_arguments():
     dppo = demo.method_settings("dppo", 0.02)
     assert (dppo["policy_loss"], dppo["dppo_kl_radius"], dppo["dppo_ratio_cap"]) == ("dppo_kl", 0.02, 10000.0)
     assert "epsilon" not in demo.method_settings("band", 0.05)  # Band does not read epsilon: setting it would warn
+
+    # the masking trust regions at their authors' settings: the config's defaults, but CPPO's delta for dense models
+    def config(name):
+        fields = {k: v for k, v in demo.method_settings(name, 0.02).items() if k != "label"}
+        return PolicyLossConfig(output_dir="unused", use_cpu=True, report_to="none", **fields)
+
+    assert "epsilon" not in demo.method_settings("cppo", 0.02)  # CPPO does not read epsilon
+    cppo, trm, m2po, icepop = (config(name) for name in ("cppo", "trm", "m2po", "icepop"))
+    assert (cppo.cppo_delta, cppo.cppo_w_min, cppo.cppo_delta_b) == (0.15, 0.8, 0.02)
+    assert (trm.trm_divergence, trm.trm_reduce, trm.trm_threshold, trm.epsilon, trm.epsilon_high) == (
+        "k3",
+        "mean",
+        0.01,
+        0.2,
+        None,
+    )  # fmt: skip  (epsilon_high None: TRL reads epsilon)
+    assert (m2po.m2po_threshold, icepop.icepop_low, icepop.icepop_high) == (0.04, 0.5, 5.0)
     # every method builds a config without "no effect" warnings
-    for name in ("bandpo", "dppo", "band", "band_dgpo", "drpo", "spo", "ipo"):
+    for name in ("bandpo", "dppo", "band", "band_dgpo", "drpo", "spo", "ipo", "cppo", "trm", "m2po", "icepop"):
         fields = {k: v for k, v in demo.method_settings(name, 0.02).items() if k != "label"}
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message=".*no effect.*")
@@ -258,6 +275,7 @@ def test_help_lists_every_method_the_demo_runs(capsys):
     listed = text[text.index("--methods METHOD") :]
     names = [*demo.METHOD_PRESETS, *POLICY_LOSSES]
     assert {"adaptive_band", "band_dgpo", "dppo", "dppo_tv", "dppo_kl", "cispo", "drpo", "spo", "ipo"} <= set(names)
+    assert {"cppo", "trm", "m2po", "icepop"} <= set(names)
     for name in names:
         assert re.search(rf"[\s:]{name}[,( ]", listed), name
         settings, _, _ = _check_args(demo.build_parser().parse_args(["--methods", name]))

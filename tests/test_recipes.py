@@ -71,6 +71,11 @@ METHODS = {
     "dppo-kl-0.05": ("dppo_kl", None),
     "drpo": ("drpo", None),  # DRPO and SPO in BandPO's setting, the DRPO authors' epsilon (docs/policy-losses.md)
     "spo": ("spo", None),
+    # the masking trust regions in BandPO's setting (docs/policy-losses.md, "Masking trust regions")
+    "cppo-0.15": ("cppo", "dapo"),  # CPPO's token-mean, its code's default aggregation
+    "trm": ("trm", None),
+    "m2po": ("m2po", None),
+    "icepop": ("icepop", None),
 }
 DEFAULT_LOSS_TYPE = {"bandpo": "grpo", "dgpo": "dapo", "lora": "grpo"}
 # Keys allowed to differ between the recipes of one (folder, model): the policy loss and the run's name.
@@ -79,7 +84,8 @@ POLICY_KEYS = {
     "delta", "loss_type", "dgpo_n", "dgpo_m", "ce_gppo_beta1", "ce_gppo_beta2", "aspo_c_pos", "aspo_c_neg",
     "output_dir", "run_name", "band_radius_by", "band_radius_exponent", "band_radius_min", "band_radius_max",
     "dynamic_sampling", "dynamic_sampling_max_rounds", "dppo_tv_radius", "dppo_kl_radius", "dppo_ratio_cap",
-    "drpo_epsilon", "spo_epsilon",
+    "drpo_epsilon", "spo_epsilon", "cppo_delta", "cppo_w_min", "cppo_delta_b", "trm_divergence", "trm_reduce",
+    "trm_threshold", "m2po_threshold", "icepop_low", "icepop_high",
 }  # fmt: skip
 
 
@@ -127,18 +133,21 @@ def test_recipe_set_is_complete():
             "dppo-kl-0.05",
             "drpo",
             "spo",
+            "cppo-0.15",
         ):
             assert f"bandpo/{model}_{method}.yaml" in names
         assert f"bandpo/{model}_band-kl-0.05_vllm-server.yaml" in names
         assert {f"bandpo/{model}_band-tv-0.05.yaml", f"bandpo/{model}_band-chi2-0.05.yaml"} <= names
     for model in ("qwen2.5-3b-instruct", "deepseek-r1-distill-qwen-7b"):
         assert {f"bandpo/{model}_band-kl-0.03.yaml", f"bandpo/{model}_band-kl-0.1.yaml"} <= names
+    for method in ("trm", "m2po", "icepop"):
+        assert f"bandpo/qwen2.5-3b-instruct_{method}.yaml" in names
     for model in ("deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b", "deepseek-r1-distill-qwen-14b"):
         for method in ("grpo", "cispo", "gppo", "ce-gppo", "aspo", "dgpo"):
             assert f"dgpo/{model}_{method}.yaml" in names
         assert f"dgpo/{model}_dgpo_vllm-server.yaml" in names
     for model in ("qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct"):
-        for method in ("grpo", "band-kl-0.05", "dgpo", "dppo-tv-0.15", "dppo-kl-0.05", "drpo", "spo"):
+        for method in ("grpo", "band-kl-0.05", "dgpo", "dppo-tv-0.15", "dppo-kl-0.05", "drpo", "spo", "cppo-0.15"):
             assert f"lora/{model}_{method}.yaml" in names
     assert (RECIPES / "README.md").is_file()
 
@@ -181,6 +190,14 @@ def test_recipe_parses_and_matches_its_paper(path):
         assert args.dppo_ratio_cap == 10000.0 and (args.dppo_radius_low, args.dppo_radius_high) == (None, None)
     if method in ("drpo", "spo"):  # the DRPO authors' threshold for both (UniRL's drpo_epsilon)
         assert getattr(args, f"{method}_epsilon") == 12.5
+    if method == "cppo-0.15":  # the paper's delta for dense models (Table 3), the authors' w_min and delta_b
+        assert (args.cppo_delta, args.cppo_w_min, args.cppo_delta_b) == (0.15, 0.8, 0.02)
+    if method == "trm":  # verl's seq_mean_k3 presets
+        assert (args.trm_divergence, args.trm_reduce, args.trm_threshold) == ("k3", "mean", 0.01)
+    if method == "m2po":  # AReaL's example recipe (actor.m2_threshold)
+        assert args.m2po_threshold == 0.04
+    if method == "icepop":  # the paper's values as its ports quote them
+        assert (args.icepop_low, args.icepop_high) == (0.5, 5.0)
     if method in ("adaptive-band-kl-0.05", "band-dgpo-kl-0.05", "dynamic-band-kl-0.05"):
         assert "Extension beyond both papers (docs/extensions.md)" in header
 
@@ -236,7 +253,9 @@ def test_recipe_parses_and_matches_its_paper(path):
         assert (script_args.prompt_template, script_args.reward) == ("dapo", "dapo")
         assert script_args.max_prompt_tokens == 1024
         assert args.learning_rate == 1e-6 and args.beta == 0.001
-        no_dual_clip = method == "band-dgpo-kl-0.05" or method.startswith("dppo-") or method in ("drpo", "spo")
+        no_dual_clip = method == "band-dgpo-kl-0.05" or method.startswith("dppo-") or method in (
+            "drpo", "spo", "cppo-0.15", "trm", "m2po", "icepop"
+        )  # fmt: skip
         assert args.delta == (None if no_dual_clip else 10.0)
         assert args.use_bias_correction_kl is False
         assert args.max_completion_length == 4096

@@ -25,6 +25,11 @@ METHOD_PRESETS: dict[str, dict[str, Any]] = {
     # DPPO-Binary-KL (arXiv:2602.04879; docs/band-and-dppo.md), C = 10,000 as its authors
     "dppo": {"label": "DPPO-KL", "policy_loss": "dppo_kl", "dppo_ratio_cap": 10000.0},
     "band_dgpo": {"label": "Band x DGPO", "policy_loss": "band_dgpo", **_BAND_KL, "dgpo_n": 1, "dgpo_m": 2.0},
+    # Masking trust regions (docs/policy-losses.md) at their authors' defaults, CPPO's δ the paper's for dense models
+    "cppo": {"label": "CPPO", "policy_loss": "cppo", "cppo_delta": 0.15},
+    "trm": {"label": "TRM", "policy_loss": "trm"},
+    "m2po": {"label": "M2PO", "policy_loss": "m2po"},
+    "icepop": {"label": "IcePop", "policy_loss": "icepop"},
 }  # fmt: skip
 # ε of the other policy losses when run by their own name, as in the BandPO paper's baselines (Section 6.1);
 # 0.2/0.2 for the ones not listed.
