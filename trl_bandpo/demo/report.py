@@ -66,8 +66,10 @@ def tail_share_of_upper_clipping(history) -> tuple[float, float, int]:
         return math.nan, math.nan, 0
     mean = (share * weight).sum() / weight.sum()
     # standard error of the ratio (weighted-mean) estimator, the steps treated as independent
+    if len(share) < 2:  # one step: no spread to measure
+        return mean, math.nan, 1
     se = math.sqrt(((weight * (share - mean)) ** 2).sum() / weight.sum() ** 2 * len(share) / (len(share) - 1))
-    return mean, (se if len(share) > 1 else math.nan), len(share)
+    return mean, se, len(share)
 
 
 def summarize_history(history) -> dict[str, float]:
@@ -235,7 +237,8 @@ def summary_markdown(args, results: dict, output_dir: Path) -> str:
             "",
             '"within noise": the difference is below two standard errors of this run\'s measurement (held-out '
             "sampling, or step-to-step spread). Seed-to-seed variation of training is not included and is larger: "
-            "rerun with other `--seed` values before reading anything into a difference.",
+            "rerun with other `--seed` values before reading anything into a difference; docs/evidence.md compares "
+            "the methods over five paired seeds with intervals (`python benchmarks/study.py`).",
             "",
             *[f"- {line}" for line in results["observations"]],
             "",
