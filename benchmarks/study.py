@@ -72,7 +72,7 @@ if __package__ in (None, ""):  # `python benchmarks/study.py` from anywhere
 
 from trl_bandpo.demo.figure import clip_rate_per_generation_batch  # noqa: E402
 from trl_bandpo.demo.report import metrics_frame, summarize_history, tail_share_of_upper_clipping  # noqa: E402
-from trl_bandpo.demo.runs import method_config  # noqa: E402
+from trl_bandpo.demo.runs import method_config, train_method  # noqa: E402
 from trl_bandpo.demo.task import correctness_reward, make_problems  # noqa: E402
 
 ARMS = ("addition", "divisors")
@@ -339,10 +339,7 @@ _KEPT = ("step", "reward", "entropy", "clip_ratio/region_mean", "clip_ratio/high
 def run_one(arm: str, method: str, seed: int, model_path: Path, train_rows, eval_rows, out: Path, args):
     """One RL run of `method` on `arm` from the warm start at `model_path`, under `seed`; returns (its row of
     metrics, its history: the logged steps and, on divisors, the probes of metric 2)."""
-    from datasets import Dataset
-    from transformers import AutoTokenizer, PrinterCallback, ProgressCallback, TrainerCallback, set_seed
-
-    from trl_bandpo.training.trainer import PolicyLossTrainer
+    from transformers import AutoTokenizer, TrainerCallback
 
     start = time.time()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -360,18 +357,10 @@ def run_one(arm: str, method: str, seed: int, model_path: Path, train_rows, eval
     rl = SimpleNamespace(seed=seed, steps=args.steps, lr=2e-4, prompts_per_generation=args.prompts_per_generation,
                          num_generations=args.num_generations, steps_per_generation=args.steps_per_generation,
                          num_iterations=args.num_iterations)  # fmt: skip
-    settings = METHODS[method]
-    config = method_config(settings, out / "trainer", rl, max_new_tokens(arm))
-    set_seed(seed)  # as the demo's train_method
-    trainer = PolicyLossTrainer(model=str(model_path), reward_funcs=REWARDS[arm], args=config,
-                                train_dataset=Dataset.from_list(train_rows))  # fmt: skip
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(RareShareProbe())
-    train_start = time.time()
-    trainer.train()
-    train_seconds = time.time() - train_start
-    history = [dict(entry) for entry in trainer.state.log_history if "train_runtime" not in entry]
+    config = method_config(METHODS[method], out / "trainer", rl, max_new_tokens(arm))
+    bar = SimpleNamespace(update=lambda n: None, set_postfix=lambda *a, **k: None)  # the study's bar counts runs
+    trainer, history, train_seconds = train_method(config, method, model_path, train_rows, bar, REWARDS[arm],
+                                                   (RareShareProbe(),))  # fmt: skip
     model = trainer.accelerator.unwrap_model(trainer.model)
     row = {
         "arm": arm,

@@ -78,10 +78,11 @@ def method_config(settings, run_dir, args, max_new_tokens):
     )  # fmt: skip
 
 
-def train_method(config, label, model_path, train_rows, bar):
+def train_method(config, label, model_path, train_rows, bar, reward=None, callbacks=()):
     """Train the model at `model_path` with RL on `train_rows` (``prompt``, ``answer``) under `config` (a
-    `method_config`), advancing `bar` once per optimizer step (showing `label`, the reward and the entropy). Returns
-    ``(trainer, its log_history without the final train_runtime entry, training seconds)``."""
+    `method_config`), rewarded by `reward` (default `correctness_reward`) with `callbacks` added, advancing `bar` once
+    per optimizer step (showing `label`, the reward and the entropy). Returns ``(trainer, its log_history without the
+    final train_runtime entry, training seconds)``."""
     from datasets import Dataset
     from transformers import PrinterCallback, ProgressCallback, TrainerCallback, set_seed
 
@@ -98,13 +99,14 @@ def train_method(config, label, model_path, train_rows, bar):
     set_seed(config.seed)
     trainer = PolicyLossTrainer(
         model=str(model_path),
-        reward_funcs=correctness_reward,
+        reward_funcs=reward or correctness_reward,
         args=config,
         train_dataset=Dataset.from_list(train_rows),
     )
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
-    trainer.add_callback(_Progress())
+    for callback in (_Progress(), *callbacks):
+        trainer.add_callback(callback)
     start = time.time()
     trainer.train()
     seconds = time.time() - start
