@@ -35,7 +35,9 @@ from dataclasses import dataclass
 import trl
 from packaging.specifiers import SpecifierSet
 
-__all__ = ["PATCHED_METHODS", "TESTED_TRL", "Patch", "TRLPatchError", "check_trl_version", "patch_method"]
+__all__ = [
+    "PATCHED_METHODS", "TESTED_TRL", "Patch", "TRLPatchError", "check_trl_base", "check_trl_version", "patch_method"
+]  # fmt: skip
 
 #: The TRL releases trl-bandpo is tested with: pyproject.toml's pin (tests/test_trl_patches.py checks they are equal).
 TESTED_TRL = ">=1.16.0,<1.17"
@@ -84,6 +86,38 @@ def check_trl_version(version: str) -> None:
 
 
 check_trl_version(trl.__version__)
+
+
+#: The methods of TRL's trainers our policy term runs in: a trainer patcher that redefines one (Unsloth's rewrite of
+#: `GRPOTrainer`, whose `compute_loss` computes its own loss) would train without our policy loss.
+LOSS_PATH = ("compute_loss", "_compute_loss", "_get_per_token_logps_and_entropies")
+
+
+def check_trl_base(trainer: type) -> None:
+    """Refuse `trainer` (one of ours, or a user's subclass) if the TRL classes it is built on are not TRL's own on
+    its loss path; warn if Unsloth is imported without having replaced them (not tested with our trainers)."""
+    ours = next(i for i, cls in enumerate(trainer.__mro__) if cls.__module__.startswith("trl_bandpo."))
+    for base in trainer.__mro__[ours:]:
+        modules = {name: getattr(base.__dict__.get(name), "__module__", None) or "trl." for name in LOSS_PATH}
+        foreign = [f"{name} from {module}" for name, module in modules.items() if not module.startswith(_TRL_MODULES)]
+        if foreign or "unsloth" in f"{base.__module__}.{base.__name__}".lower():
+            raise TypeError(
+                f"{trainer.__name__} is built on {base.__module__}.{base.__name__} "
+                f"({', '.join(foreign) or 'a rewrite of TRL'}), not on TRL's own trainer: a trainer patcher such as "
+                "Unsloth replaced TRL's loss path, so our policy loss would never run. Import trl_bandpo before "
+                "unsloth (or the patcher), or train with the patcher's own trainer."
+            )
+    if "unsloth" in sys.modules:
+        from .configs import user_stacklevel
+
+        warnings.warn(
+            f"unsloth is imported: {trainer.__name__} runs TRL's own GRPOTrainer loss path with our policy loss, but "
+            "Unsloth's patches to models and to TRL's functions are not tested with trl-bandpo (docs/training.md).",
+            stacklevel=user_stacklevel(),
+        )
+
+
+_TRL_MODULES = ("trl.", "trl_bandpo.", "transformers.")
 
 
 def _normalised(text: str) -> str:
@@ -138,7 +172,8 @@ def patch_method(cls: type, name: str, patches: tuple[Patch, ...]):
     where = f"{cls.__name__}.{name} of TRL {trl.__version__}"
     help_text = "see docs/upgrading-trl.md (a TRL version this trl-bandpo was not tested with?)"
     try:
-        source = textwrap.dedent(inspect.getsource(getattr(cls, name)))
+        method = getattr(cls, name)
+        source = textwrap.dedent(inspect.getsource(method))
     except (OSError, TypeError) as error:
         raise TRLPatchError(
             f"trl-bandpo cannot patch {where}: its source is not installed ({error}); reinstall TRL from a wheel "
@@ -166,7 +201,7 @@ def patch_method(cls: type, name: str, patches: tuple[Patch, ...]):
             start = end
         lines[start:end] = code_lines
     patched = "".join(lines)
-    namespace = dict(vars(sys.modules[cls.__module__]))
+    namespace = dict(method.__globals__)  # the module that defines it (TRL's, or a patcher's rewrite)
     known = _bound_names(ast.parse(patched)) | namespace.keys() | vars(builtins).keys()
     for patch in patches:
         code = ast.parse(textwrap.dedent(patch.code))
