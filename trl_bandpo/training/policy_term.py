@@ -13,7 +13,7 @@ import torch
 
 from ..core.losses import policy_loss_spec
 from ..core.metrics import clip_counts
-from .configs import is_library_file, policy_settings, user_frame
+from .configs import is_library_file, policy_settings, user_frame, user_stacklevel
 from .library_noise import LIBRARY_FUTURE_WARNINGS, library_noise_filtered
 from .trl_patches import check_trl_base
 
@@ -62,7 +62,7 @@ class PolicyTerm:
         """`args`, or the default config when it is None (as TRL names it: `<model>-<method>`); sets `policy_args`
         and the selected loss with its hyper-parameters. Called before TRL's constructor: bad settings fail before
         any model loads."""
-        check_trl_base(type(self))
+        check_trl_base(type(self), stacklevel=user_stacklevel())
         check_model_name(model)
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path

@@ -93,9 +93,10 @@ check_trl_version(trl.__version__)
 LOSS_PATH = ("compute_loss", "_compute_loss", "_get_per_token_logps_and_entropies")
 
 
-def check_trl_base(trainer: type) -> None:
+def check_trl_base(trainer: type, stacklevel: int = 1) -> None:
     """Refuse `trainer` (one of ours, or a user's subclass) if the TRL classes it is built on are not TRL's own on
-    its loss path; warn if Unsloth is imported without having replaced them (not tested with our trainers)."""
+    its loss path; warn if Unsloth is imported without having replaced them (not tested with our trainers).
+    `stacklevel`: the caller's, for the warning."""
     ours = next(i for i, cls in enumerate(trainer.__mro__) if cls.__module__.startswith("trl_bandpo."))
     for base in trainer.__mro__[ours:]:
         modules = {name: getattr(base.__dict__.get(name), "__module__", None) or "trl." for name in LOSS_PATH}
@@ -108,12 +109,10 @@ def check_trl_base(trainer: type) -> None:
                 "unsloth (or the patcher), or train with the patcher's own trainer."
             )
     if "unsloth" in sys.modules:
-        from .configs import user_stacklevel
-
         warnings.warn(
             f"unsloth is imported: {trainer.__name__} runs TRL's own GRPOTrainer loss path with our policy loss, but "
             "Unsloth's patches to models and to TRL's functions are not tested with trl-bandpo (docs/training.md).",
-            stacklevel=user_stacklevel(),
+            stacklevel=stacklevel + 1,
         )
 
 
