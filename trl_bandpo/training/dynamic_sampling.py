@@ -1,12 +1,14 @@
 """Dynamic sampling (DAPO's `filter_groups`, docs/extensions.md): drop prompt groups whose rewards all agree and
 generate more prompts until the generation batch is full; when the rounds run out, dropped groups fill the batch with
 their tokens masked out. All processes run the same number of rounds, so the collectives inside generation stay in
-step; each process's generation batch must hold whole groups.
+step; each process's generation batch must hold whole groups. Image inputs are split per row and merged back with
+TRL's own helpers (`split_pixel_values_by_grid`), as TRL splits a generation batch into micro-batches.
 """
 
 from __future__ import annotations
 
 import torch
+from trl.trainer.utils import split_pixel_values_by_grid, unsplit_pixel_values_by_grid
 
 # Keys of GRPOTrainer's generation output, by how they are padded when outputs of several rounds are merged.
 _PROMPT_KEYS = {"prompt_ids": "pad", "prompt_mask": 0}
@@ -22,6 +24,8 @@ _COMPLETION_KEYS = {
 }
 _ROW_KEYS = {"advantages"}
 _SCALAR_KEYS = {"num_items_in_batch"}
+_COUNT_KEYS = {"num_images", "num_tiles"}  # lists, one count per row
+_SEQUENCE_KEYS = {"token_type_ids", "mm_token_type_ids"}  # per token of prompt + completion, 0 at padding
 
 
 def group_has_signal(advantages: torch.Tensor, num_generations: int) -> torch.Tensor:
@@ -35,16 +39,19 @@ def group_has_signal(advantages: torch.Tensor, num_generations: int) -> torch.Te
 
 
 def select_rows(output: dict, rows: torch.Tensor) -> dict:
-    """The rows `rows` (a 1-D index tensor) of every per-completion tensor of a generation output."""
+    """The rows `rows` (a 1-D index tensor) of a generation output: its per-completion tensors, and its images'
+    tensors (concatenated over images, tiles or rows), each row's found by TRL's `split_pixel_values_by_grid`."""
     selected = {}
-    for key, value in output.items():
+    for key, value in split_pixel_values_by_grid(output).items():
         if key in _SCALAR_KEYS:
             selected[key] = value
+        elif isinstance(value, list):  # num_images and, split, each row's images
+            selected[key] = [value[i] for i in rows.tolist()]
         elif torch.is_tensor(value) and value.dim() > 0:
             selected[key] = value[rows.to(value.device)]
         else:
-            raise ValueError(f"dynamic sampling cannot split the generation output's {key!r} (multimodal inputs?).")
-    return selected
+            raise ValueError(f"dynamic sampling cannot split the generation output's {key!r}.")
+    return unsplit_pixel_values_by_grid(selected)
 
 
 def _pad_to(tensor: torch.Tensor, length: int, value, left: bool) -> torch.Tensor:
@@ -57,7 +64,8 @@ def _pad_to(tensor: torch.Tensor, length: int, value, left: bool) -> torch.Tenso
 
 def merge_generation_outputs(parts: list[dict], pad_token_id: int) -> dict:
     """Concatenate generation outputs along the batch: prompts left-padded, completions right-padded to a common
-    length (pad token, mask 0, log-probs 0, ratios 1). `num_items_in_batch` is left to the caller (it is global)."""
+    length (pad token, mask 0, log-probs 0, ratios 1), per-token type ids as their tokens; image tensors and counts
+    concatenated. `num_items_in_batch` is left to the caller (it is global)."""
     keys = set(parts[0])
     for part in parts[1:]:
         if set(part) != keys:
@@ -76,10 +84,18 @@ def merge_generation_outputs(parts: list[dict], pad_token_id: int) -> dict:
                 continue
             length = max(v.shape[1] for v in values)
             merged[key] = torch.cat([_pad_to(v, length, pad, left) for v in values])
-        elif key in _ROW_KEYS or (torch.is_tensor(values[0]) and values[0].dim() == 1):
+        elif key in _SEQUENCE_KEYS:  # the prompt's part left-padded, the completion's right-padded
+            cuts = [part["prompt_ids"].shape[1] for part in parts]
+            prompt, completion = max(cuts), max(v.shape[1] - cut for v, cut in zip(values, cuts))
+            merged[key] = torch.cat([torch.cat([_pad_to(v[:, :cut], prompt, 0, True),
+                                                _pad_to(v[:, cut:], completion, 0, False)], 1)
+                                     for v, cut in zip(values, cuts)])  # fmt: skip
+        elif key in _COUNT_KEYS and isinstance(values[0], list):
+            merged[key] = sum(values, [])
+        elif key in _ROW_KEYS or torch.is_tensor(values[0]) and values[0].dim() > 0:  # rows, or images, tiles
             merged[key] = torch.cat(values)
         else:
-            raise ValueError(f"dynamic sampling cannot merge the generation output's {key!r} (multimodal inputs?).")
+            raise ValueError(f"dynamic sampling cannot merge the generation output's {key!r}.")
     return merged
 
 
