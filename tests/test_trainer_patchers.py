@@ -5,7 +5,7 @@ Unsloth (`import unsloth`, or `PatchFastRL`) compiles a rewrite of `trl.trainer.
 and rebinds `trl.GRPOTrainer`, `trl.trainer.GRPOTrainer` and `trl.trainer.grpo_trainer.GRPOTrainer` to it. Imported
 before trl_bandpo, our trainers would subclass that class and its `compute_loss` would never reach our policy loss.
 Unsloth needs a GPU, so the subprocess test below rebinds the names the same way with a stand-in class; what runs
-under the real Unsloth is not tested here (docs/training.md says so).
+under the real Unsloth is not tested here (docs/upgrading-trl.md says so).
 """
 
 from __future__ import annotations

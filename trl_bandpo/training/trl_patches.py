@@ -111,7 +111,7 @@ def check_trl_base(trainer: type, stacklevel: int = 1) -> None:
     if "unsloth" in sys.modules:
         warnings.warn(
             f"unsloth is imported: {trainer.__name__} runs TRL's own GRPOTrainer loss path with our policy loss, but "
-            "Unsloth's patches to models and to TRL's functions are not tested with trl-bandpo (docs/training.md).",
+            "Unsloth's patches to models and TRL's functions are not tested with trl-bandpo (docs/upgrading-trl.md).",
             stacklevel=stacklevel + 1,
         )
 
