@@ -1,6 +1,6 @@
-"""Multi-node launch: accelerate_configs/multi_node_zero3.yaml, the SLURM command builder scripts/slurm/multi_node.py
-and the batch script scripts/slurm/multi_node.sbatch (run here against stand-ins for srun, trl and accelerate), plus
-a real two-machine ZeRO-3 run on this host (slow)."""
+"""Multi-node launch: accelerate_configs/multi_node_zero3.yaml and multi_node_fsdp2.yaml, the SLURM command builder
+scripts/slurm/multi_node.py and the batch script scripts/slurm/multi_node.sbatch (run here against stand-ins for srun,
+trl and accelerate), plus real two-machine ZeRO-3 and FSDP2 runs on this host (slow)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import contextlib
 import http.server
 import importlib.util
 import json
+import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -24,6 +26,17 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "accelerate_configs" / "multi_node_zero3.yaml"
+CONFIG_FSDP2 = REPO / "accelerate_configs" / "multi_node_fsdp2.yaml"
+# The multi-node configs, each with the single-node config whose backend settings it keeps.
+CONFIGS = {"zero3": (CONFIG, "zero3.yaml"), "fsdp2": (CONFIG_FSDP2, "fsdp2.yaml")}
+MULTI_NODE_FIELDS = ("num_machines", "machine_rank", "main_process_ip", "main_process_port", "num_processes",
+                     "rdzv_backend", "same_network")  # fmt: skip
+# The backend fields each header explains, beyond the multi-node ones.
+HEADER_FIELDS = {
+    "zero3": ("deepspeed_multinode_launcher",),
+    "fsdp2": ("fsdp_version", "fsdp_auto_wrap_policy", "fsdp_reshard_after_forward", "fsdp_cpu_ram_efficient_loading",
+              "fsdp_state_dict_type"),
+}  # fmt: skip
 SBATCH = REPO / "scripts" / "slurm" / "multi_node.sbatch"
 RECIPE = "recipes/dgpo/deepseek-r1-distill-qwen-14b_dgpo_vllm-server.yaml"
 
@@ -57,44 +70,84 @@ def free_port() -> int:
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def test_config_loads_with_accelerate_and_has_the_multi_node_fields():
+def header_of(path: Path) -> str:
+    return "\n".join(line for line in path.read_text().splitlines() if line.startswith("#"))
+
+
+@pytest.mark.parametrize("backend", sorted(CONFIGS))
+def test_config_loads_with_accelerate_and_has_the_multi_node_fields(backend):
     from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 
-    config = load_config_from_file(str(CONFIG))
+    path, single_name = CONFIGS[backend]
+    config = load_config_from_file(str(path))  # accelerate's own loader: rejects unknown keys
     assert isinstance(config, ClusterConfig)
-    assert config.distributed_type == "DEEPSPEED" and config.compute_environment == "LOCAL_MACHINE"
+    assert config.distributed_type == {"zero3": "DEEPSPEED", "fsdp2": "FSDP"}[backend]
+    assert config.compute_environment == "LOCAL_MACHINE"
     assert config.num_machines >= 2 and config.machine_rank == 0
     assert config.main_process_ip and isinstance(config.main_process_port, int)
     assert config.rdzv_backend in ("static", "c10d")
     assert config.num_processes % config.num_machines == 0  # a total over the machines
-    assert config.deepspeed_config["deepspeed_multinode_launcher"] == "standard"  # one launcher per node, no ssh
-    # the same DeepSpeed settings as the single-node ZeRO-3 config
-    single = yaml.safe_load((REPO / "accelerate_configs" / "zero3.yaml").read_text())["deepspeed_config"]
-    assert dict(config.deepspeed_config) == single
-    header = "\n".join(line for line in CONFIG.read_text().splitlines() if line.startswith("#"))
-    for field in ("num_machines", "machine_rank", "main_process_ip", "main_process_port", "num_processes",
-                  "rdzv_backend", "same_network", "deepspeed_multinode_launcher"):  # fmt: skip
+    if backend == "zero3":
+        assert config.deepspeed_config["deepspeed_multinode_launcher"] == "standard"  # one launcher per node, no ssh
+        assert not config.fsdp_config
+    else:
+        assert config.fsdp_config["fsdp_version"] == 2 and not config.deepspeed_config
+        assert config.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"  # save_model writes a loadable model
+    # the same backend settings as the single-node config: every field but the multi-node ones
+    multi, single = (yaml.safe_load(p.read_text()) for p in (path, REPO / "accelerate_configs" / single_name))
+    section = {"zero3": "deepspeed_config", "fsdp2": "fsdp_config"}[backend]
+    assert dict(getattr(config, section)) == single[section]
+    assert {k: v for k, v in multi.items() if k not in MULTI_NODE_FIELDS} == {
+        k: v for k, v in single.items() if k not in MULTI_NODE_FIELDS
+    }
+    header = header_of(path)
+    for field in MULTI_NODE_FIELDS + HEADER_FIELDS[backend]:
         assert f"#   {field}" in header, f"the header does not explain {field}"
-    assert "accelerate launch --config_file accelerate_configs/multi_node_zero3.yaml" in header
+    assert f"accelerate launch --config_file accelerate_configs/{path.name}" in header
 
 
-def test_builder_argv_drives_accelerate_to_the_intended_torchrun_layout():
+@pytest.mark.parametrize("backend", sorted(CONFIGS))
+def test_config_headers_show_the_builders_launcher_flags(backend):
+    """Each header's example command passes the launcher flags the SLURM builder passes, in its order."""
+    path = CONFIGS[backend][0]
+    lines = [line.lstrip("#").strip() for line in path.read_text().splitlines() if line.startswith("#")]
+    start = next(k for k, line in enumerate(lines) if line.startswith("accelerate launch "))
+    command = " ".join(lines[start : start + 4]).replace("\\", " ").split()
+    built = mn.train_command(slurm_env(0, "gpu001"), RECIPE, config_file=f"accelerate_configs/{path.name}")
+    assert command[: command.index("-m")][::2] == built[: built.index("-m")][::2]  # program, flags; not the values
+    assert command[command.index("--config_file") + 1] == f"accelerate_configs/{path.name}"
+
+
+@pytest.mark.parametrize("backend", sorted(CONFIGS))
+def test_builder_argv_drives_accelerate_to_the_intended_torchrun_layout(backend):
     """The builder's argv, parsed by `accelerate launch` itself with the config: 2 nodes x 8 processes, this node's
-    rank, the rendezvous endpoint on the first training node (accelerate's launcher internals; skipped if moved)."""
+    rank, the rendezvous endpoint on the first training node, the backend's settings for the processes (accelerate's
+    launcher internals; skipped if moved)."""
     launch = pytest.importorskip("accelerate.commands.launch")
     utils = pytest.importorskip("accelerate.utils.launch")
-    if not hasattr(launch, "_validate_launch_command") or not hasattr(utils, "prepare_deepspeed_cmd_env"):
+    internals = ("prepare_deepspeed_cmd_env", "prepare_multi_gpu_env")
+    if not hasattr(launch, "_validate_launch_command") or not all(hasattr(utils, name) for name in internals):
         pytest.skip("this accelerate version moved its launcher internals")
-    pytest.importorskip("deepspeed")
-    argv = mn.train_command(slurm_env(1, "gpu002"), RECIPE, config_file=str(CONFIG), main_process_port=29611)
+    if backend == "zero3":
+        pytest.importorskip("deepspeed")
+    config = CONFIGS[backend][0]
+    argv = mn.train_command(slurm_env(1, "gpu002"), RECIPE, config_file=str(config), main_process_port=29611)
     args = launch.launch_command_parser().parse_args(argv[2:])
     args, defaults, _ = launch._validate_launch_command(args)
-    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
-    cmd, env = utils.prepare_deepspeed_cmd_env(args)
-    assert cmd is None  # torchrun in this process, not the pdsh/ssh `deepspeed` runner
+    if backend == "zero3":
+        args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+        cmd, env = utils.prepare_deepspeed_cmd_env(args)
+        assert cmd is None  # torchrun in this process, not the pdsh/ssh `deepspeed` runner
+        assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "3"
+    else:
+        assert args.use_fsdp and not args.use_deepspeed  # launch_command's multi_gpu_launcher: torchrun, per node
+        env = utils.prepare_multi_gpu_env(args)
+        assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
+        assert env["FSDP_STATE_DICT_TYPE"] == "FULL_STATE_DICT" and env["FSDP_RESHARD_AFTER_FORWARD"] == "true"
+        assert env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == env["FSDP_SYNC_MODULE_STATES"] == "true"
+        assert env["FSDP_AUTO_WRAP_POLICY"] == "TRANSFORMER_BASED_WRAP"
     assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("2", 1, "8")
     assert args.rdzv_backend == "static" and args.rdzv_endpoint == "gpu001:29611"
-    assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "3"
     assert args.training_script == "trl_bandpo.cli.train" and args.module
 
 
@@ -135,6 +188,31 @@ def test_train_argv_for_rank_1_through_the_command_line(capsys, monkeypatch):
         monkeypatch.setenv(key, value)
     assert mn.main(argv) == 0
     assert capsys.readouterr().out.split() == mn.run(argv, env)
+
+
+def test_train_argv_with_the_fsdp2_config_differs_only_in_the_config(capsys):
+    """`--config_file accelerate_configs/multi_node_fsdp2.yaml` (what ACCELERATE_CONFIG passes): the same launch,
+    rank by rank, with the FSDP2 config; the ZeRO-3 config stays the default."""
+    assert mn.DEFAULT_ACCELERATE_CONFIG == "accelerate_configs/multi_node_zero3.yaml"
+    assert mn.FSDP2_ACCELERATE_CONFIG == "accelerate_configs/multi_node_fsdp2.yaml" and CONFIG_FSDP2.is_file()
+    for rank, node in ((0, "gpu001"), (1, "gpu002")):
+        base = ["train", "--recipe", RECIPE, "--", "--gradient_accumulation_steps", "16"]
+        zero3 = mn.run(base, slurm_env(rank, node))
+        fsdp2 = mn.run([*base[:3], "--config_file", mn.FSDP2_ACCELERATE_CONFIG, *base[3:]], slurm_env(rank, node))
+        at = zero3.index("--config_file") + 1
+        assert zero3[at] == mn.DEFAULT_ACCELERATE_CONFIG and fsdp2[at] == mn.FSDP2_ACCELERATE_CONFIG
+        assert fsdp2[:at] + fsdp2[at + 1 :] == zero3[:at] + zero3[at + 1 :]
+        assert fsdp2 == mn.train_command(slurm_env(rank, node), RECIPE, config_file=mn.FSDP2_ACCELERATE_CONFIG,
+                                         extra=["--gradient_accumulation_steps", "16"])  # fmt: skip
+    # the batch script's setting: `layout` accepts it
+    env = {"SLURM_JOB_NODELIST": "gpu[001-003]", "SLURM_GPUS_ON_NODE": "8"}
+    env["ACCELERATE_CONFIG"] = mn.FSDP2_ACCELERATE_CONFIG
+    assert mn.run(["layout", "--recipe", RECIPE], env) is None
+    assert "NUM_PROCESSES=16\n" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # the help of `train --config_file` names both configs
+        mn.main(["train", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert mn.DEFAULT_ACCELERATE_CONFIG in help_text and mn.FSDP2_ACCELERATE_CONFIG in help_text
 
 
 def test_every_recipe_flag_the_builder_adds_is_a_training_field():
@@ -199,6 +277,18 @@ def test_the_commands_shown_in_the_docs_are_the_builders():
     train = mn.run(["train", "--recipe", RECIPE, "--", "--gradient_accumulation_steps", "16"], env)
     vllm = mn.run(["vllm", "--recipe", RECIPE], env)
     assert " ".join(train) in shown and shlex.join(vllm) in shown  # as the helper prints them
+
+
+def test_the_fsdp2_command_in_the_docs_is_the_zero3_one_with_its_config():
+    """docs/multi-node.md's FSDP2 command is its ZeRO-3 command for node 1 with only the config changed."""
+    text = (REPO / "docs" / "multi-node.md").read_text()
+    commands = [" ".join(line.replace("\\", " ").split()) for line in re.sub(r"\\\n\s*", " ", text).splitlines()]
+    launches = [line for line in commands if line.startswith("accelerate launch ")]
+    fsdp2 = [line for line in launches if mn.FSDP2_ACCELERATE_CONFIG in line]
+    zero3 = [line for line in launches if "--machine_rank 1" in line and mn.DEFAULT_ACCELERATE_CONFIG in line]
+    assert len(fsdp2) == 1 and zero3
+    assert fsdp2[0] == zero3[0].replace(mn.DEFAULT_ACCELERATE_CONFIG, mn.FSDP2_ACCELERATE_CONFIG)
+    assert f"ACCELERATE_CONFIG={mn.FSDP2_ACCELERATE_CONFIG} sbatch" in text
 
 
 @pytest.mark.parametrize(
@@ -312,6 +402,13 @@ BAD_VALUES = [
     (["train", "--main_process_port", "abc"], {}, "--main_process_port", "'abc'", "a port number, 1-65535"),
     (["train", "--main_process_port", "0"], {}, "--main_process_port", "'0'", "a port number, 1-65535"),
     (["train", "--rdzv_backend", "etcd"], {}, "--rdzv_backend", "'etcd'", "'static', 'c10d'"),
+    (
+        ["train", "--config_file", "accelerate_configs/multi_node_fsdp.yaml"],
+        {},
+        "--config_file",
+        "'accelerate_configs/multi_node_fsdp.yaml'",
+        "an existing file",
+    ),
     (["train"], {"SLURM_STEP_NUM_TASKS": "two"}, "SLURM_STEP_NUM_TASKS", "'two'", "a whole number >= 1"),
     (["train"], {"SLURM_PROCID": "first"}, "SLURM_PROCID", "'first'", "is not a task number"),
     (["wait", "--timeout", "abc"], {}, "--timeout", "'abc'", "a number of seconds > 0"),
@@ -521,8 +618,9 @@ def assert_server_stopped(log: Path) -> None:
     raise AssertionError("the batch script left the vLLM server running")
 
 
-def test_sbatch_runs_the_server_then_one_launcher_per_training_node(tmp_path):
-    result, log, port = run_sbatch(tmp_path)
+@pytest.mark.parametrize("config", [None, "accelerate_configs/multi_node_fsdp2.yaml"], ids=["default", "fsdp2"])
+def test_sbatch_runs_the_server_then_one_launcher_per_training_node(tmp_path, config):
+    result, log, port = run_sbatch(tmp_path, **({"ACCELERATE_CONFIG": config} if config else {}))
     assert result.returncode == 0, result.stdout + result.stderr
     vllm = eval((log / "vllm.json").read_text())  # noqa: S307
     assert vllm["dev_mode"] == "1"  # the server runs in dev mode: TRL's weight push needs its routes
@@ -531,7 +629,7 @@ def test_sbatch_runs_the_server_then_one_launcher_per_training_node(tmp_path):
                             "--port", port, "--max-model-len", "9216", *mn.TRL_SERVER_FLAGS]  # fmt: skip
     for rank in (0, 1):
         assert json.loads((log / f"accelerate{rank}.json").read_text()) == [
-            "launch", "--config_file", "accelerate_configs/multi_node_zero3.yaml",
+            "launch", "--config_file", config or "accelerate_configs/multi_node_zero3.yaml",
             "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
             "--main_process_port", "29500", "--num_processes", "4", "--rdzv_backend", "static",
             "-m", "trl_bandpo.cli.train", "--config", RECIPE,
@@ -602,24 +700,19 @@ CPU_OVERRIDES = {"use_cpu": True, "mixed_precision": "no"}
 CPU_DEEPSPEED = {"zero3_init_flag": False, "zero3_save_16bit_model": False}
 
 
-@pytest.mark.slow
-def test_two_machines_on_one_host_train_bandpo_with_zero3(tiny_model_dir, tmp_path):
-    """Two `accelerate launch` processes, machine ranks 0 and 1 of a 2-machine job, 1 CPU process each, with the
-    launcher flags the SLURM builder emits and the multi-node config (switched to CPU): they meet at the rendezvous
-    and run two BandPO steps under DeepSpeed ZeRO-3 as one world of 2."""
-    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: the config's launcher path needs it")
+def run_two_machines(tmp_path: Path, config: dict, script: str, tiny_model_dir: str) -> None:
+    """Two `accelerate launch` processes, machine ranks 0 and 1 of a 2-machine job, 1 CPU process each, started with
+    the launcher flags the SLURM builder emits and `config` (a multi-node config switched to CPU), running
+    tests/scripts/`script` MODEL OUTPUT_DIR as one world of 2; both must exit with 0."""
     try:
         port = free_port()
     except OSError as err:
         pytest.skip(f"cannot open a TCP socket on 127.0.0.1 for the rendezvous: {err}")
-    config = yaml.safe_load(CONFIG.read_text())
-    config.update(CPU_OVERRIDES)
-    config["deepspeed_config"].update(CPU_DEEPSPEED)
     config_file = tmp_path / "multi_node_cpu.yaml"
     config_file.write_text(yaml.safe_dump(config))
     accelerate = shutil.which("accelerate") or os.path.join(os.path.dirname(sys.executable), "accelerate")
     layout = mn.Layout(train_nodes=("127.0.0.1", "127.0.0.1"), vllm_node=None, gpus_per_node=1)
-    script = [str(REPO / "tests" / "scripts" / "zero3_bandpo_run.py"), tiny_model_dir, str(tmp_path)]
+    command = [str(REPO / "tests" / "scripts" / script), tiny_model_dir, str(tmp_path)]
     processes = []
     for rank in (0, 1):
         argv = mn.train_command(
@@ -630,7 +723,7 @@ def test_two_machines_on_one_host_train_bandpo_with_zero3(tiny_model_dir, tmp_pa
             main_process_port=port,
             program=accelerate,
         )
-        argv = argv[: argv.index("-m")] + script  # the launcher part of the builder's argv, a test script
+        argv = argv[: argv.index("-m")] + command  # the launcher part of the builder's argv, a test script
         log = open(tmp_path / f"machine{rank}.log", "w")  # closed below
         processes.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))
     try:
@@ -643,6 +736,18 @@ def test_two_machines_on_one_host_train_bandpo_with_zero3(tiny_model_dir, tmp_pa
     texts = [(tmp_path / f"machine{k}.log").read_text() for k in (0, 1)]
     errors = [line for text in texts for line in text.splitlines() if "Error" in line and "Warning" not in line]
     assert codes == [0, 0], "\n".join(errors[:20] + [text[-2000:] for text in texts])
+
+
+@pytest.mark.slow
+def test_two_machines_on_one_host_train_bandpo_with_zero3(tiny_model_dir, tmp_path):
+    """Two `accelerate launch` processes, machine ranks 0 and 1 of a 2-machine job, 1 CPU process each, with the
+    launcher flags the SLURM builder emits and the multi-node config (switched to CPU): they meet at the rendezvous
+    and run two BandPO steps under DeepSpeed ZeRO-3 as one world of 2."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: the config's launcher path needs it")
+    config = yaml.safe_load(CONFIG.read_text())
+    config.update(CPU_OVERRIDES)
+    config["deepspeed_config"].update(CPU_DEEPSPEED)
+    run_two_machines(tmp_path, config, "zero3_bandpo_run.py", tiny_model_dir)
     ranks = [json.loads((tmp_path / f"log_history_rank{k}.json").read_text()) for k in (0, 1)]
     assert all(rank["world"] == 2 and rank["deepspeed"] for rank in ranks)
     steps = [[e for e in rank["log_history"] if "loss" in e] for rank in ranks]
@@ -650,6 +755,39 @@ def test_two_machines_on_one_host_train_bandpo_with_zero3(tiny_model_dir, tmp_pa
     for entry0, entry1 in zip(*steps):
         for key in ("loss", "entropy", "bounds/upper_mean"):  # the same global step on both machines
             assert entry0.get(key) == pytest.approx(entry1.get(key), nan_ok=True), key
+
+
+@pytest.mark.slow
+def test_two_machines_on_one_host_train_bandpo_with_fsdp2(tiny_model_dir, tmp_path):
+    """The same two machines with accelerate_configs/multi_node_fsdp2.yaml as it is but for CPU (gloo, no bf16;
+    cpu_ram_efficient_loading on, so machine 1 receives its weights by broadcast): FSDP2 shards the model over the
+    world of 2, two BandPO steps run, and `save_model` gathers a model that `from_pretrained` loads, trained.
+    tests/scripts/fsdp2_bandpo_run.py says how it gets accelerate to apply FSDP on CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = yaml.safe_load(CONFIG_FSDP2.read_text())
+    config.update(CPU_OVERRIDES)
+    run_two_machines(tmp_path, config, "fsdp2_bandpo_run.py", tiny_model_dir)
+    ranks = [json.loads((tmp_path / f"fsdp2_rank{k}.json").read_text()) for k in (0, 1)]
+    for rank in ranks:
+        assert rank["world"] == 2 and rank["backend"] == "gloo" and not rank["deepspeed"]
+        assert rank["distributed_type"] == "DistributedType.FSDP" and rank["fsdp_version"] == 2
+        assert rank["sharded"], "the trained model's parameters are not DTensors: FSDP2 did not shard it"
+        assert rank["global_step"] == 2
+    steps = [[e for e in rank["log_history"] if "loss" in e] for rank in ranks]
+    assert len(steps[0]) == len(steps[1]) == 2
+    for entry0, entry1 in zip(*steps):
+        assert math.isfinite(entry0["loss"]) and math.isfinite(entry0["grad_norm"])
+        for key in ("loss", "entropy", "bounds/upper_mean"):  # the same global step on both machines
+            assert entry0.get(key) == pytest.approx(entry1.get(key), nan_ok=True), key
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    before, after = initial.state_dict(), trained.state_dict()
+    assert set(after) == set(before)
+    assert all(torch.isfinite(value).all() for value in after.values())
+    changed = [name for name in before if not torch.equal(before[name], after[name])]
+    assert len(changed) >= len(before) // 2, f"only {changed} changed"
 
 
 def test_builder_is_not_part_of_the_package():

@@ -407,6 +407,7 @@ ACCELERATE_EXPECTED = {
     "zero3_offload": ("DEEPSPEED", 8, 3),
     "fsdp2": ("FSDP", 8, None),
     "multi_node_zero3": ("DEEPSPEED", 16, 3),  # 2 nodes x 8 GPUs; tests/test_multi_node.py checks the rest
+    "multi_node_fsdp2": ("FSDP", 16, None),
 }
 
 
@@ -426,7 +427,7 @@ def test_accelerate_config_loads(name):
         offload = "cpu" if name == "zero3_offload" else "none"
         assert config.deepspeed_config["offload_optimizer_device"] == offload
         assert config.deepspeed_config["offload_param_device"] == offload
-    if name == "fsdp2":
+    if name.endswith("fsdp2"):
         assert config.fsdp_config["fsdp_version"] == 2
     assert _header(path).startswith("#"), "each accelerate config starts with a comment saying when to use it"
 

@@ -9,6 +9,9 @@ The job's nodes are split into N training nodes (the first ones, in SLURM's orde
     python scripts/slurm/multi_node.py train --recipe R --exec [-- --recipe_field value ...]
                                                                 # one `accelerate launch` per training node
 
+`train --config_file` picks the sharding: accelerate_configs/multi_node_zero3.yaml (DeepSpeed ZeRO-3, the default) or
+accelerate_configs/multi_node_fsdp2.yaml (PyTorch FSDP2); the batch script passes its ACCELERATE_CONFIG setting.
+
 `layout` also checks the batch script's settings (`SETTINGS`, environment variables) and the vLLM server command, so
 a bad value stops the job before any process starts. Every value is checked, whether it comes from the environment,
 an argument or the recipe (ports, counts, seconds): a bad one ends the helper with status 2 and one line naming the
@@ -31,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 DEFAULT_ACCELERATE_CONFIG = "accelerate_configs/multi_node_zero3.yaml"
+FSDP2_ACCELERATE_CONFIG = "accelerate_configs/multi_node_fsdp2.yaml"  # the same launch, PyTorch FSDP2 instead
 DEFAULT_MAIN_PROCESS_PORT = 29500
 DEFAULT_VLLM_PORT = 8000
 PROMPT_BUDGET = 1024  # prompt tokens on top of max_completion_length for the vLLM context, as the recipes' headers
@@ -418,7 +422,10 @@ def build_parser() -> argparse.ArgumentParser:
     max_len_help = f"default: the recipe's vllm_max_model_length, else max_completion_length + {PROMPT_BUDGET}"
     vllm.add_argument("--max_model_len", type=count, default=None, help=max_len_help)
     train = sub.choices["train"]
-    train.add_argument("--config_file", default=DEFAULT_ACCELERATE_CONFIG)
+    config_help = (f"accelerate config: {DEFAULT_ACCELERATE_CONFIG} (DeepSpeed ZeRO-3, the default) or "
+                   f"{FSDP2_ACCELERATE_CONFIG} (PyTorch FSDP2)")  # fmt: skip
+    train.add_argument("--config_file", type=_argument(SETTINGS["ACCELERATE_CONFIG"], str),
+                       default=DEFAULT_ACCELERATE_CONFIG, help=config_help)  # fmt: skip
     train.add_argument("--main_process_port", type=port, default=DEFAULT_MAIN_PROCESS_PORT)
     train.add_argument("--rdzv_backend", choices=("static", "c10d"), default="static")
     wait = sub.add_parser("wait", help="wait until the vLLM server answers")

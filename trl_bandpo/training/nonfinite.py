@@ -33,6 +33,12 @@ def first_nonfinite(quantities: dict, mask=None) -> str:
     return f"none of {', '.join(quantities)}"
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a DTensor (FSDP2's parameters and gradients; collectives refuse DTensor flags), or
+    the tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 class NonFiniteGuard:
     """Mixin for our trainers (`PolicyTerm` subclasses): the checks of the module docstring."""
 
@@ -57,7 +63,7 @@ class NonFiniteGuard:
         """Trainer's `train`, then the parameters checked (a last update can make them non-finite with no loss after
         it to show it): non-finite ones raise, whatever `on_nonfinite`, so a run never ends with them and status 0."""
         output = super().train(*args, **kwargs)
-        params = dict(self.model.named_parameters())
+        params = {name: _local(p) for name, p in self.model.named_parameters()}
         local = torch.stack([(~torch.isfinite(p.detach())).any() for p in params.values()]).any().float().reshape(1)
         if bool(self.accelerator.reduce(local, reduction="sum")):
             raise NonFiniteTrainingError(
@@ -75,7 +81,7 @@ class NonFiniteGuard:
         if found is None and math.isfinite(norm):
             return grad_norm
         if found is None:
-            grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+            grads = {name: _local(p.grad) for name, p in model.named_parameters() if p.grad is not None}
             found = (
                 f"the gradient norm is {norm} with policy_loss={self.policy_loss!r} at optimizer step "
                 f"{self.state.global_step} though every loss was finite (first non-finite gradient: "

@@ -1,0 +1,87 @@
+"""Run by tests/test_multi_node.py under `accelerate launch` (2 CPU processes, FSDP2, gloo): two BandPO steps, then
+`save_model` to `<output_dir>/final`. Each rank writes what it saw to `<output_dir>/fsdp2_rank<k>.json`: the logged
+metrics, the world size, whether FSDP2 sharded the model (its parameters are DTensors) and the global step.
+
+accelerate (1.16) applies FSDP only to a world of accelerators: `AcceleratorState` switches to
+`DistributedType.FSDP` from MULTI_GPU, MULTI_NPU, MULTI_XPU, ... but not from MULTI_CPU, so on CPU the FSDP config
+silently trains with plain DDP over gloo (and without `use_cpu` it does not even join the two processes).
+`allow_fsdp_on_cpu` sets up accelerate's state for the gloo world torchrun started and presents it as a multi-device
+world, so that the trainer's `Accelerator` takes the FSDP2 plugin from the launcher's environment; the trainer then
+reuses that state (`use_configured_state`). Everything after that, fully_shard, the sharded optimizer step, the
+weight broadcast of cpu_ram_efficient_loading and the FULL_STATE_DICT gather of `save_model`, is FSDP2 as on GPUs.
+"""
+
+import json
+import os
+import sys
+
+from datasets import Dataset
+
+from trl_bandpo import BandPOConfig, BandPOTrainer
+
+
+def reward(completions, answer, **kwargs):
+    return [float(c.strip().startswith(a)) + 0.05 * len(c) for c, a in zip(completions, answer)]
+
+
+def allow_fsdp_on_cpu() -> str:
+    """The distributed type accelerate picks for this CPU world (MULTI_CPU in accelerate 1.16), after letting it
+    apply FSDP there (see the module docstring); no change when it already would."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    state = PartialState(cpu=True)  # joins the gloo world of torchrun's environment variables
+    chosen = str(state.distributed_type)
+    if state.distributed_type == DistributedType.MULTI_CPU:
+        PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU  # AcceleratorState's FSDP gate
+    return chosen
+
+
+def main(model_dir, output_dir):
+    from torch.distributed.tensor import DTensor
+
+    accelerate_chose = allow_fsdp_on_cpu()
+    dataset = Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)])
+    args = BandPOConfig(
+        output_dir=output_dir,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=6,
+        num_iterations=2,
+        max_steps=2,
+        learning_rate=5e-2,
+        epsilon=0.05,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        use_cpu=True,
+        accelerator_config={"use_configured_state": True},  # the state set up above
+    )
+    trainer = BandPOTrainer(model=model_dir, reward_funcs=reward, args=args, train_dataset=dataset)
+    trainer.train()
+    trainer.save_model(os.path.join(output_dir, "final"))  # FULL_STATE_DICT: gathered, written by the main process
+    accelerator = trainer.accelerator
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    with open(os.path.join(output_dir, f"fsdp2_rank{accelerator.process_index}.json"), "w") as f:
+        json.dump(
+            {
+                "log_history": trainer.state.log_history,
+                "global_step": trainer.state.global_step,
+                "world": accelerator.num_processes,
+                "accelerate_chose": accelerate_chose,
+                "distributed_type": str(accelerator.distributed_type),
+                "backend": str(accelerator.state.backend),
+                "fsdp_version": getattr(plugin, "fsdp_version", None),
+                "deepspeed": trainer.is_deepspeed_enabled,
+                "sharded": all(isinstance(p, DTensor) for p in trainer.model_wrapped.parameters()),
+            },
+            f,
+        )
+    accelerator.wait_for_everyone()  # the main process has written the model before any rank leaves
+    trainer.end()
+    os._exit(0)  # as in zero3_bandpo_run.py: skip the interpreter's teardown once everything is written
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
