@@ -15,13 +15,7 @@ import json
 import os
 import sys
 
-from datasets import Dataset
-
-from trl_bandpo import BandPOConfig, BandPOTrainer
-
-
-def reward(completions, answer, **kwargs):
-    return [float(c.strip().startswith(a)) + 0.05 * len(c) for c, a in zip(completions, answer)]
+from zero3_bandpo_run import train  # the same run (this folder is on sys.path when run as a script)
 
 
 def allow_fsdp_on_cpu() -> str:
@@ -41,25 +35,7 @@ def main(model_dir, output_dir):
     from torch.distributed.tensor import DTensor
 
     accelerate_chose = allow_fsdp_on_cpu()
-    dataset = Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)])
-    args = BandPOConfig(
-        output_dir=output_dir,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=6,
-        num_iterations=2,
-        max_steps=2,
-        learning_rate=5e-2,
-        epsilon=0.05,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
-        use_cpu=True,
-        accelerator_config={"use_configured_state": True},  # the state set up above
-    )
-    trainer = BandPOTrainer(model=model_dir, reward_funcs=reward, args=args, train_dataset=dataset)
-    trainer.train()
+    trainer = train(model_dir, output_dir, accelerator_config={"use_configured_state": True})  # the state set up above
     trainer.save_model(os.path.join(output_dir, "final"))  # FULL_STATE_DICT: gathered, written by the main process
     accelerator = trainer.accelerator
     plugin = getattr(accelerator.state, "fsdp_plugin", None)

@@ -14,25 +14,21 @@ def reward(completions, answer, **kwargs):
     return [float(c.strip().startswith(a)) + 0.05 * len(c) for c, a in zip(completions, answer)]
 
 
-def main(model_dir, output_dir):
+def train(model_dir, output_dir, **overrides):
+    """Two BandPO steps on a 16-prompt addition set (this run's settings, `overrides` on top); the trainer."""
     dataset = Dataset.from_list([{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)])
     args = BandPOConfig(
-        output_dir=output_dir,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=6,
-        num_iterations=2,
-        max_steps=2,
-        learning_rate=5e-2,
-        epsilon=0.05,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
-        use_cpu=True,
-    )
+        output_dir=output_dir, per_device_train_batch_size=4, num_generations=4, max_completion_length=6,
+        num_iterations=2, max_steps=2, learning_rate=5e-2, epsilon=0.05, logging_steps=1, report_to="none",
+        save_strategy="no", seed=0, use_cpu=True, **overrides,
+    )  # fmt: skip
     trainer = BandPOTrainer(model=model_dir, reward_funcs=reward, args=args, train_dataset=dataset)
     trainer.train()
+    return trainer
+
+
+def main(model_dir, output_dir):
+    trainer = train(model_dir, output_dir)
     rank = trainer.accelerator.process_index
     with open(os.path.join(output_dir, f"log_history_rank{rank}.json"), "w") as f:
         json.dump(
