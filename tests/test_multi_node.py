@@ -144,7 +144,7 @@ def test_builder_argv_drives_accelerate_to_the_intended_torchrun_layout(backend)
         env = utils.prepare_multi_gpu_env(args)
         assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
         assert env["FSDP_STATE_DICT_TYPE"] == "FULL_STATE_DICT" and env["FSDP_RESHARD_AFTER_FORWARD"] == "true"
-        assert env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == env["FSDP_SYNC_MODULE_STATES"] == "true"
+        assert env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true"  # FSDP2 needs no fsdp_sync_module_states with it
         assert env["FSDP_AUTO_WRAP_POLICY"] == "TRANSFORMER_BASED_WRAP"
     assert (args.nnodes, args.node_rank, args.nproc_per_node) == ("2", 1, "8")
     assert args.rdzv_backend == "static" and args.rdzv_endpoint == "gpu001:29611"
@@ -760,9 +760,11 @@ def test_two_machines_on_one_host_train_bandpo_with_zero3(tiny_model_dir, tmp_pa
 @pytest.mark.slow
 def test_two_machines_on_one_host_train_bandpo_with_fsdp2(tiny_model_dir, tmp_path):
     """The same two machines with accelerate_configs/multi_node_fsdp2.yaml as it is but for CPU (gloo, no bf16;
-    cpu_ram_efficient_loading on, so machine 1 receives its weights by broadcast): FSDP2 shards the model over the
-    world of 2, two BandPO steps run, and `save_model` gathers a model that `from_pretrained` loads, trained.
-    tests/scripts/fsdp2_bandpo_run.py says how it gets accelerate to apply FSDP on CPU."""
+    cpu_ram_efficient_loading on, so the shards come from machine 0's weights by broadcast): FSDP2 shards the model
+    over the world of 2 and every shard holds the checkpoint's weights, two BandPO steps run, the step-2 trainer
+    checkpoint holds the gathered model and the full optimizer state (FULL_STATE_DICT), and `save_model` gathers a
+    model that `from_pretrained` loads, trained. tests/scripts/fsdp2_bandpo_run.py says how it gets accelerate to apply
+    FSDP on CPU."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -775,6 +777,7 @@ def test_two_machines_on_one_host_train_bandpo_with_fsdp2(tiny_model_dir, tmp_pa
         assert rank["distributed_type"] == "DistributedType.FSDP" and rank["fsdp_version"] == 2
         assert rank["sharded"], "the trained model's parameters are not DTensors: FSDP2 did not shard it"
         assert rank["global_step"] == 2
+        assert rank["compared_at_start"] > 0 and rank["differing_at_start"] == [], "a shard missed the broadcast"
     steps = [[e for e in rank["log_history"] if "loss" in e] for rank in ranks]
     assert len(steps[0]) == len(steps[1]) == 2
     for entry0, entry1 in zip(*steps):
@@ -788,6 +791,15 @@ def test_two_machines_on_one_host_train_bandpo_with_fsdp2(tiny_model_dir, tmp_pa
     assert all(torch.isfinite(value).all() for value in after.values())
     changed = [name for name in before if not torch.equal(before[name], after[name])]
     assert len(changed) >= len(before) // 2, f"only {changed} changed"
+    checkpoint = tmp_path / "checkpoint-2"
+    saved = AutoModelForCausalLM.from_pretrained(checkpoint).state_dict()
+    assert all(torch.equal(saved[name], after[name]) for name in after)  # the checkpoint is the trained model
+    optimizer = torch.load(checkpoint / "optimizer.bin", weights_only=False)["state"]  # written by machine 0 alone
+    params = dict(trained.named_parameters())
+    assert set(optimizer) == set(params)
+    for name, moments in optimizer.items():  # whole tensors, gathered from both shards
+        assert moments["exp_avg"].shape == moments["exp_avg_sq"].shape == params[name].shape, name
+    assert all((checkpoint / f"generation_buffer_rank{k}.pt").is_file() for k in (0, 1))
 
 
 def test_builder_is_not_part_of_the_package():

@@ -1,20 +1,25 @@
-"""Run by tests/test_multi_node.py under `accelerate launch` (2 CPU processes, FSDP2, gloo): two BandPO steps, then
-`save_model` to `<output_dir>/final`. Each rank writes what it saw to `<output_dir>/fsdp2_rank<k>.json`: the logged
-metrics, the world size, whether FSDP2 sharded the model (its parameters are DTensors) and the global step.
+"""Run by tests/test_multi_node.py under `accelerate launch` (2 CPU processes, FSDP2, gloo): two BandPO steps with a
+trainer checkpoint after the second (`<output_dir>/checkpoint-2`), then `save_model` to `<output_dir>/final`. Each
+rank writes what it saw to `<output_dir>/fsdp2_rank<k>.json`: the logged metrics, the world size, whether FSDP2
+sharded the model (its parameters are DTensors), the global step, and which parameters of the sharded model differed
+from the checkpoint on disk when training began (none: the weight broadcast of cpu_ram_efficient_loading worked).
 
 accelerate (1.16) applies FSDP only to a world of accelerators: `AcceleratorState` switches to
 `DistributedType.FSDP` from MULTI_GPU, MULTI_NPU, MULTI_XPU, ... but not from MULTI_CPU, so on CPU the FSDP config
-silently trains with plain DDP over gloo (and without `use_cpu` it does not even join the two processes).
+silently trains with plain DDP over gloo (and without `cpu=True`, which the training arguments' `use_cpu` passes, a
+machine without GPUs does not even join the two processes: each is a world of 1).
 `allow_fsdp_on_cpu` sets up accelerate's state for the gloo world torchrun started and presents it as a multi-device
 world, so that the trainer's `Accelerator` takes the FSDP2 plugin from the launcher's environment; the trainer then
 reuses that state (`use_configured_state`). Everything after that, fully_shard, the sharded optimizer step, the
-weight broadcast of cpu_ram_efficient_loading and the FULL_STATE_DICT gather of `save_model`, is FSDP2 as on GPUs.
+weight broadcast of cpu_ram_efficient_loading and the FULL_STATE_DICT gathers of the checkpoint and of `save_model`,
+is FSDP2 as on GPUs.
 """
 
 import json
 import os
 import sys
 
+from transformers import TrainerCallback
 from zero3_bandpo_run import train  # the same run (this folder is on sys.path when run as a script)
 
 
@@ -31,11 +36,36 @@ def allow_fsdp_on_cpu() -> str:
     return chosen
 
 
+class StartingWeights(TrainerCallback):
+    """When training begins (the model is sharded by then), the names of the parameters whose full value, gathered
+    from the shards of every process, is not the checkpoint's."""
+
+    def __init__(self, model_dir):
+        self.model_dir, self.differing, self.compared = model_dir, None, 0
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        import torch
+        from safetensors.torch import load_file
+        from torch.distributed.tensor import DTensor
+
+        on_disk = load_file(os.path.join(self.model_dir, "model.safetensors"))
+        self.differing = []
+        for name, param in model.named_parameters():  # every process, in the same order: full_tensor() gathers
+            value = param.detach().full_tensor() if isinstance(param, DTensor) else param.detach()
+            if name not in on_disk or not torch.equal(value, on_disk[name].to(value.dtype)):
+                self.differing.append(name)
+            self.compared += 1
+
+
 def main(model_dir, output_dir):
     from torch.distributed.tensor import DTensor
 
     accelerate_chose = allow_fsdp_on_cpu()
-    trainer = train(model_dir, output_dir, accelerator_config={"use_configured_state": True})  # the state set up above
+    starting = StartingWeights(model_dir)
+    trainer = train(
+        model_dir, output_dir, callbacks=[starting], save_strategy="steps", save_steps=2,
+        accelerator_config={"use_configured_state": True},  # the state set up above
+    )  # fmt: skip
     trainer.save_model(os.path.join(output_dir, "final"))  # FULL_STATE_DICT: gathered, written by the main process
     accelerator = trainer.accelerator
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
@@ -51,6 +81,8 @@ def main(model_dir, output_dir):
                 "fsdp_version": getattr(plugin, "fsdp_version", None),
                 "deepspeed": trainer.is_deepspeed_enabled,
                 "sharded": all(isinstance(p, DTensor) for p in trainer.model_wrapped.parameters()),
+                "differing_at_start": starting.differing,
+                "compared_at_start": starting.compared,
             },
             f,
         )
