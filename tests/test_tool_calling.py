@@ -17,9 +17,8 @@ import torch
 from datasets import Dataset
 
 from trl_bandpo import BandPOConfig, BandPOTrainer
-from trl_bandpo.demo.tiny_model import build_tiny_model
+from trl_bandpo.demo.tiny_model import build_tiny_model, build_tiny_tokenizer
 
-SPECIAL_TOKENS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
 # ChatML; the tools' names in a system turn; an assistant turn's tool calls as JSON between <tool_call> tags.
 CHAT_TEMPLATE = (
     "{% if tools %}<|im_start|>system\nTools:{% for tool in tools %} {{ tool['function']['name'] }}{% endfor %}"
@@ -81,20 +80,10 @@ class Calculator:
 
 
 def build_tool_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *sorted(pre_tokenizers.ByteLevel.alphabet())])}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>", "<tool_call>", "</tool_call>"],
-    )  # fmt: skip
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tool_tokens = ("<tool_call>", "</tool_call>")
+    specials = ["<|im_start|>", *tool_tokens]
+    tokenizer = build_tiny_tokenizer(tool_tokens, CHAT_TEMPLATE, additional_special_tokens=specials)
     tokenizer.response_template = RESPONSE_TEMPLATE
-    tokenizer.padding_side = "left"
     return tokenizer
 
 

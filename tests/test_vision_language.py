@@ -15,9 +15,9 @@ from test_trl_parity import DEFAULTS, EPSILON_HIGH, EPSILON_LOW, _assert_parity,
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_bandpo import BandPOConfig, BandPOTrainer, DGPOConfig, DGPOTrainer
+from trl_bandpo.demo.tiny_model import build_tiny_tokenizer
 from trl_bandpo.training.dynamic_sampling import group_has_signal, merge_generation_outputs, select_rows
 
-SPECIAL_TOKENS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>", "<start_of_image>", "<end_of_image>", "<img>"]
 IMAGE_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<img>"}
 TOKENS_PER_IMAGE = 4  # the vision tower's 2 x 2 patches, one text token each
 # ChatML, where an image part of a message is Gemma 3's placeholder (the processor expands it to TOKENS_PER_IMAGE).
@@ -32,19 +32,10 @@ NUM_GENERATIONS = 2
 
 
 def _build_processor():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import Gemma3Processor, PreTrainedTokenizerFast
+    from transformers import Gemma3Processor
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *sorted(pre_tokenizers.ByteLevel.alphabet())])}
-    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>",
-        additional_special_tokens=["<|im_start|>"], extra_special_tokens=IMAGE_TOKENS,
-    )  # fmt: skip
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer = build_tiny_tokenizer(tuple(IMAGE_TOKENS.values()), CHAT_TEMPLATE, extra_special_tokens=IMAGE_TOKENS)
     image_processor = Gemma3ImageProcessorPil(size={"height": 28, "width": 28})
     return Gemma3Processor(image_processor, tokenizer, chat_template=CHAT_TEMPLATE, image_seq_length=TOKENS_PER_IMAGE)
 
@@ -52,7 +43,7 @@ def _build_processor():
 def _build_model(tokenizer):
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in ("<pad>", "<|im_end|>", *IMAGE_TOKENS.values())}
     config = Gemma3Config(
         text_config=dict(
             vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,

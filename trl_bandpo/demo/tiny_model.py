@@ -20,21 +20,24 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
 
 
-def build_tiny_tokenizer():
+def build_tiny_tokenizer(extra_tokens: tuple[str, ...] = (), chat_template: str = CHAT_TEMPLATE, **special):
     """A byte-level `PreTrainedTokenizerFast` with no merges (one token per byte; 256 + 4 special tokens), with
-    pad/unk/ChatML specials and a chat template; it survives `save_pretrained` + `AutoTokenizer.from_pretrained`."""
+    pad/unk/ChatML specials and a chat template; it survives `save_pretrained` + `AutoTokenizer.from_pretrained`.
+    `extra_tokens`: more special tokens, numbered after the four; `special`: `PreTrainedTokenizerFast`'s special-token
+    arguments (`additional_special_tokens`, default `["<|im_start|>"]`; `extra_special_tokens`, ...)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *sorted(pre_tokenizers.ByteLevel.alphabet())])}
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *extra_tokens, *alphabet])}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>", bos_token=None,
-        additional_special_tokens=["<|im_start|>"],
+        **{"additional_special_tokens": ["<|im_start|>"], **special},
     )  # fmt: skip
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = chat_template
     tokenizer.padding_side = "left"
     return tokenizer
 
