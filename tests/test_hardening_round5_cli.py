@@ -309,3 +309,47 @@ def test_train_and_eval_warn_about_an_output_folder_among_the_sources(checkout, 
         eval_cli.eval_main(["--model", tiny_model_dir, "--benchmarks", str(bench_file), "--max-new-tokens", "4",
                             "--backend", "transformers", "--output-dir", str(checkout)])  # fmt: skip
     assert sorted(p.name for p in checkout.iterdir()) == ["pyproject.toml"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data that cannot be read or used: one line naming the field, status 2, before the model loads
+# ---------------------------------------------------------------------------------------------------------------------
+
+_ROWS = '{"problem": "What is 1 + 1?", "answer": 2}\n'
+_EVAL = {"eval_strategy": "steps", "eval_steps": 1}
+
+
+@pytest.mark.parametrize(
+    "files, fields, field, says",
+    [
+        ({}, {"dataset_name": "{tmp}/missing.jsonl"}, "dataset_name", "neither an existing file"),
+        ({"bad.jsonl": _ROWS + '{"problem": \n'}, {"dataset_name": "{tmp}/bad.jsonl"}, "dataset_name",
+         "invalid JSON at line 2"),
+        ({"q.jsonl": '{"question": "1 + 1?"}\n'}, {"dataset_name": "{tmp}/q.jsonl"}, "dataset_name", "answer column"),
+        ({"empty.jsonl": ""}, {"dataset_name": "{tmp}/empty.jsonl"}, "dataset_name", "holds no rows"),
+        ({}, {"eval_dataset_name": ["aime={tmp}/missing.jsonl"], **_EVAL}, "eval_dataset_name", "neither an existing"),
+        ({"bad.jsonl": '{"problem": \n'}, {"eval_dataset_name": ["aime={tmp}/bad.jsonl"], **_EVAL},
+         "eval_dataset_name", "invalid JSON at line 1"),
+        ({}, {"val_benchmarks": ["{tmp}/missing.jsonl"], "val_preset": "none"}, "val_benchmarks",
+         "neither an existing"),
+        ({"bad.jsonl": '{"problem": \n'}, {"val_benchmarks": ["{tmp}/bad.jsonl"], "val_preset": "none"},
+         "val_benchmarks", "invalid JSON at line 1"),
+    ],
+)  # fmt: skip
+def test_unusable_data_is_one_line_naming_the_field(files, fields, field, says, tiny_model_dir, tmp_path, capsys,
+                                                    monkeypatch):  # fmt: skip
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "train.jsonl").write_text(_ROWS * 8)
+    fields = yaml.safe_load(yaml.safe_dump(fields).replace("{tmp}", str(tmp_path)))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"model_name_or_path": tiny_model_dir, "output_dir": str(tmp_path / "out"),
+                                      "dataset_name": str(tmp_path / "train.jsonl"), **fields}))  # fmt: skip
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the trainer was built: the data were not checked first")
+
+    monkeypatch.setattr(train, "trainer_class_for", no_model)
+    line = _train_error(["--config", str(recipe), *CPU], capsys)
+    assert line.startswith(f"trl-bandpo train: error: {field}: ") and says in line, line
+    assert line.count(f"{field}:") == 1, line

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -315,8 +316,9 @@ def test_val_scorer_dapo_with_the_boxed_prompt_warns_as_training_does(recwarn):
     assert not [w for w in recwarn if "scorer" in str(w.message)]
 
 
-def test_a_missing_validation_benchmark_fails_before_the_model_loads(tmp_path, tiny_model_dir, monkeypatch):
-    """The benchmarks are loaded before the trainer: a missing file is named and no trainer (or model) is built."""
+def test_a_missing_validation_benchmark_fails_before_the_model_loads(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    """The benchmarks are loaded before the trainer: a missing file is named (one line, status 2) and no trainer (or
+    model) is built."""
     recipe = tmp_path / "recipe.yaml"
     bench = tmp_path / "train.jsonl"
     bench.write_text(json.dumps({"problem": "1+1=?", "answer": "2"}) + "\n")
@@ -329,8 +331,10 @@ def test_a_missing_validation_benchmark_fails_before_the_model_loads(tmp_path, t
         raise AssertionError("the trainer was built before the missing benchmark was named")
 
     monkeypatch.setattr(train, "trainer_class_for", never)
-    with pytest.raises(Exception, match=r"val_benchmarks: .*missing\.jsonl"):
+    with pytest.raises(SystemExit) as exit_info:
         train.main(["--config", str(recipe)])
+    assert exit_info.value.code == 2
+    assert re.search(r"error: val_benchmarks: .*missing\.jsonl", capsys.readouterr().err)
 
 
 def test_main_validates_during_training_from_recipe_fields(tmp_path, tiny_model_dir, captured_trainer):

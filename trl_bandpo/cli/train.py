@@ -239,6 +239,14 @@ def validation_settings(script_args: ScriptArguments):
     return script_args.validation if script_args.validation.benchmarks else None
 
 
+def _loaded(field: str, load, *args):
+    """`load(*args)`; data that cannot be read or used is a `ConfigError` naming `field`, before the model loads."""
+    try:
+        return load(*args)
+    except (OSError, ValueError) as err:
+        raise ConfigError(str(err) if str(err).startswith(f"{field}:") else f"{field}: {err}") from None
+
+
 def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_args: ModelConfig):
     """Build the datasets, reward and trainer, train, save; returns the trainer (process group still alive)."""
     import transformers
@@ -256,14 +264,15 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
         # Loaded once, and only to measure prompts; the trainer loads its own processing class.
         tokenizer = load_prompt_tokenizer(model_args, training_args) if script_args.max_prompt_tokens else None
         template_kwargs = training_args.chat_template_kwargs
-        train_dataset = load_train_data(script_args, tokenizer, template_kwargs)
+        train_dataset = _loaded("dataset_name", load_train_data, script_args, tokenizer, template_kwargs)
         evaluate = training_args.eval_strategy != "no"
-        eval_dataset = load_eval_data(script_args, tokenizer, template_kwargs) if evaluate else None
+        eval_args = (script_args, tokenizer, template_kwargs)
+        eval_dataset = _loaded("eval_dataset_name", load_eval_data, *eval_args) if evaluate else None
         validation = validation_settings(script_args)
         if validation is not None:  # its benchmarks are loaded and checked before the model loads
             from ..evaluation.validation import ValidationCallback
 
-            validation = ValidationCallback(validation)
+            validation = _loaded("val_benchmarks", ValidationCallback, validation)
     if script_args.eval_dataset_name and eval_dataset is None:
         logger.warning("eval_dataset_name is set but eval_strategy is 'no': no evaluation during training.")
     asynchronous = script_args.async_rollouts
