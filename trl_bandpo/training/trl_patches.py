@@ -91,6 +91,7 @@ check_trl_version(trl.__version__)
 #: The methods of TRL's trainers our policy term runs in: a trainer patcher that redefines one (Unsloth's rewrite of
 #: `GRPOTrainer`, whose `compute_loss` computes its own loss) would train without our policy loss.
 LOSS_PATH = ("compute_loss", "_compute_loss", "_get_per_token_logps_and_entropies")
+_TRL_MODULES = ("trl.", "trl_bandpo.", "transformers.")  # where those methods may come from
 
 
 def check_trl_base(trainer: type, stacklevel: int = 1) -> None:
@@ -114,9 +115,6 @@ def check_trl_base(trainer: type, stacklevel: int = 1) -> None:
             "Unsloth's patches to models and TRL's functions are not tested with trl-bandpo (docs/upgrading-trl.md).",
             stacklevel=stacklevel + 1,
         )
-
-
-_TRL_MODULES = ("trl.", "trl_bandpo.", "transformers.")
 
 
 def _normalised(text: str) -> str:
