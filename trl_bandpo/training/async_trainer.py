@@ -31,8 +31,9 @@ from .configs import (
     check_fields,
     check_settings,
 )
+from .dataset_rows import check_dataset
 from .library_noise import library_noise_filtered
-from .nonfinite import NonFiniteGuard
+from .nonfinite import NonFiniteGuard, unusable_rewards
 from .policy_term import PolicyTerm, check_engine_logprobs
 from .trl_patches import Patch, patch_method
 
@@ -118,13 +119,15 @@ class AsyncDGPOConfig(AsyncPolicyLossConfig):
 class _VersionTaggingQueue:
     """The rollout queue as the trainer reads it: each sample comes out as a shallow copy whose per-sample metrics hold
     its `model_version` under `_VERSION_KEY` (TRL's dataset passes the metrics on to the collator, and the version
-    otherwise not). Everything else is the queue's."""
+    otherwise not), and one without a usable reward (`usable` false) does not come out. Everything else is the
+    queue's."""
 
-    def __init__(self, queue):
-        self._queue = queue
+    def __init__(self, queue, usable):
+        self._queue, self._usable = queue, usable
 
     def get(self, *args, **kwargs):
-        sample = self._queue.get(*args, **kwargs)
+        while not self._usable(sample := self._queue.get(*args, **kwargs)):
+            continue
         check_engine_logprobs(sample.old_log_probs, sample.completion_mask, "a rollout sample's old_log_probs")
         tagged = copy.copy(sample)
         tagged.metrics = {**sample.metrics, _VERSION_KEY: float(sample.model_version)}
@@ -222,6 +225,7 @@ class AsyncPolicyLossTrainer(PolicyTerm, NonFiniteGuard, AsyncGRPOTrainer):
             )
         model = os.fspath(model)
         args = self._setup_policy_term(model, args)
+        check_dataset(train_dataset, "train_dataset", reward_funcs, environment_factory is None)
         self._call_with_warnings_at_the_callers_line(
             super().__init__, model, reward_funcs, args=args, train_dataset=train_dataset,
             processing_class=processing_class, callbacks=callbacks, optimizers=optimizers, peft_config=peft_config,
@@ -229,10 +233,22 @@ class AsyncPolicyLossTrainer(PolicyTerm, NonFiniteGuard, AsyncGRPOTrainer):
             weight_transfer=weight_transfer,
         )  # fmt: skip
         if self.rollout_queue is not None:  # the main process reads the rollout samples
-            self.rollout_queue = _VersionTaggingQueue(self.rollout_queue)
+            self.rollout_queue = _VersionTaggingQueue(self.rollout_queue, self._usable_sample)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         return _compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+
+    def _usable_sample(self, sample) -> bool:
+        """Whether a rollout sample's reward (the worker's `nansum` of its functions') and advantage are finite; an
+        unusable reward stops the run or is dropped (`on_nonfinite`), the rest of its group (NaN advantages) too."""
+        if not math.isfinite(sample.metrics["reward"]):
+            rewards = {key[8:]: value for key, value in sample.metrics.items() if key.startswith("rewards/")}
+            where = f"a rollout sample of group {sample.group_id} ({sample.completion!r:.200}) at optimizer step"
+            self._nonfinite(
+                unusable_rewards(rewards, f"{where} {self.state.global_step}"),
+                "it is dropped, and so are the samples of its group without a finite advantage",
+            )
+        return math.isfinite(sample.metrics["reward"]) and math.isfinite(sample.advantage)
 
     # -- staleness: the lag of each sample, packed with the micro-batch --------------------------------------------
 

@@ -103,6 +103,13 @@ class DynamicSampling:
     """Mixin for `PolicyLossTrainer`: `_generate_with_dynamic_sampling`, one generation batch with DAPO's group filter,
     each round one `_generate_once` (GRPOTrainer's generation)."""
 
+    def _mask_rows(self, output: dict, rows: torch.Tensor) -> dict:
+        """A generation output with the tokens of `rows` (booleans) masked out, `num_items_in_batch` recounted."""
+        output["completion_mask"] = output["completion_mask"] * ~rows.to(output["completion_mask"].device)[:, None]
+        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        return output
+
     def _dynamic_sampling_prompts(self, count: int) -> list:
         """`count` fresh prompts for this process, each repeated `num_generations` times (a generation batch)."""
         if not hasattr(self, "_extra_prompt_generator"):
@@ -141,14 +148,9 @@ class DynamicSampling:
                 break
             batch = self._dynamic_sampling_prompts(wanted)
         groups = kept[:wanted]
-        filler = dropped[: wanted - len(groups)]
-        for group in filler:  # rounds ran out: keep the shapes, but these tokens do not count
-            group["completion_mask"] = torch.zeros_like(group["completion_mask"])
-        output = merge_generation_outputs(groups + filler, self._tokenizer.pad_token_id)
-        loss_mask = output["completion_mask"]
-        if "tool_mask" in output:
-            loss_mask = loss_mask * output["tool_mask"]
-        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        output = merge_generation_outputs(groups + dropped[: wanted - len(groups)], self._tokenizer.pad_token_id)
+        # rounds ran out: the dropped groups that fill the batch keep its shapes, but their tokens do not count
+        output = self._mask_rows(output, torch.arange(len(output["completion_mask"])) >= len(groups) * group_size)
         counts = torch.tensor([rounds, generated, generated - len(kept), len(groups), wanted], dtype=torch.float64)
         totals = self.accelerator.reduce(counts.to(self.accelerator.device), reduction="sum").tolist()
         metrics = self._metrics["train"]

@@ -1,21 +1,23 @@
-"""Nothing trains on NaN in silence: the loss of every micro-step (a flag summed over processes) and the gradient
-norm of every optimizer step (transformers' `_get_grad_norm`) are checked; `on_nonfinite` says what then happens
-(docs/training.md, "Non-finite losses and gradients")."""
+"""Nothing trains on NaN in silence: the rewards of every generation batch, the loss of every micro-step (a flag summed
+over processes) and the gradient norm of every optimizer step (transformers' `_get_grad_norm`) are checked;
+`on_nonfinite` says what then happens (docs/training.md, "Non-finite losses and gradients")."""
 
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 
 import torch
 from transformers import Trainer
+from trl.trainer.utils import is_async_callable
 
 if not hasattr(Trainer, "_get_grad_norm"):  # transformers < 5.3 computes the norm inline: no hook to check it
     raise ImportError("trl-bandpo needs transformers >= 5.3 (Trainer._get_grad_norm); pip install -U transformers")
 
 
 class NonFiniteTrainingError(FloatingPointError):
-    """A training step's loss or gradient norm is NaN or infinite (with `on_nonfinite="stop"`)."""
+    """A training step's rewards, loss or gradient norm are NaN or infinite (with `on_nonfinite="stop"`)."""
 
 
 def first_nonfinite(quantities: dict, mask=None) -> str:
@@ -33,6 +35,36 @@ def first_nonfinite(quantities: dict, mask=None) -> str:
     return f"none of {', '.join(quantities)}"
 
 
+def numbers_only(func, index: int, notes: dict):
+    """`func`, a reward function (sync or async), with each value it returns that is None or no number (a string)
+    kept in `notes[row, index]`, for the message, and the latter replaced by inf (TRL would fail converting it)."""
+
+    def as_numbers(rewards):
+        rewards = list(rewards)
+        for row, value in enumerate(rewards):
+            if value is None or not (isinstance(value, numbers.Real) or getattr(value, "shape", None) == ()):
+                notes[row, index], rewards[row] = value, None if value is None else math.inf
+        return rewards
+
+    async def awaited(**kwargs):
+        return as_numbers(await func(**kwargs))
+
+    return awaited if is_async_callable(func) else lambda **kwargs: as_numbers(func(**kwargs))
+
+
+def _finite(value) -> bool:
+    return isinstance(value, float) and math.isfinite(value)
+
+
+def unusable_rewards(rewards: dict, where: str) -> str:
+    """What is wrong with a completion's `rewards` (reward function name -> value): each value no finite number."""
+    named = [f"{name!r} returned {value!r}" for name, value in rewards.items() if not _finite(value)]
+    return (
+        f"reward function {', '.join(named)} for {where}: no finite advantage follows (a completion needs a finite "
+        "reward from at least one reward function, None or NaN being none, and none infinite or no number)"
+    )
+
+
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """This process's shard of a DTensor (FSDP2's parameters and gradients; collectives refuse DTensor flags), or
     the tensor itself."""
@@ -43,6 +75,33 @@ class NonFiniteGuard:
     """Mixin for our trainers (`PolicyTerm` subclasses): the checks of the module docstring."""
 
     _nonfinite_step: str | None = None  # what went non-finite in this optimizer step's micro-steps ("skip")
+    _dropped_rows: torch.Tensor | None = None  # this process's rows whose group `_calculate_rewards` dropped ("skip")
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """GRPOTrainer's rewards `(all processes' completions, reward functions)`, each function's `numbers_only`,
+        checked (docs/training.md): a group with an unusable reward stops the run or, `on_nonfinite="skip"`, is
+        dropped: its rewards become NaN, which TRL leaves out of every mean and spread, its tokens are masked out."""
+        funcs, notes = self.reward_funcs, {}
+        self.reward_funcs = [
+            f if isinstance(f, torch.nn.Module) else numbers_only(f, i, notes) for i, f in enumerate(funcs)
+        ]
+        try:
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        finally:
+            self.reward_funcs = funcs
+        bad, self._dropped_rows = rewards.isinf().any(1) | rewards.isnan().all(1), None
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            local = row - self.accelerator.process_index * len(prompts)
+            values = [notes.get((local, i), value) for i, value in enumerate(rewards[row].tolist())]
+            completion = f"{completions[local]!r:.200}" if 0 <= local < len(prompts) else "on another process"
+            where = f"completion {row} ({completion}) at optimizer step {self.state.global_step}"
+            self._nonfinite(unusable_rewards(dict(zip(self.reward_func_names, values)), where), "its group is dropped")
+            group = self.num_generations if self.model.training else self.num_generations_eval
+            dropped = bad.view(-1, group).any(1).repeat_interleave(group)
+            rewards[dropped] = math.nan
+            self._dropped_rows = dropped.view(-1, len(prompts))[self.accelerator.process_index]
+        return rewards
 
     def _check_finite_loss(self, loss, mask=None, **quantities) -> None:
         """Called by the patched loss methods with the loss of one micro-step and what it is made of, in the order
@@ -87,18 +146,19 @@ class NonFiniteGuard:
                 f"{self.state.global_step} though every loss was finite (first non-finite gradient: "
                 f"{first_nonfinite(grads)})"
             )
-        self._nonfinite(found, skip_now=True)
+        self._nonfinite(found, "this optimizer update is skipped")
         model.zero_grad(set_to_none=True)  # the optimizer skips a parameter without a gradient
         return grad_norm
 
-    def _nonfinite(self, what: str, skip_now: bool = False) -> None:
+    def _nonfinite(self, what: str, skipped: str | None = None) -> None:
+        """Stop, or warn that `skipped` (`on_nonfinite="skip"`), or without it, skip this optimizer step's update."""
         if self.policy_args.on_nonfinite == "stop":
             raise NonFiniteTrainingError(
                 f"{what}. Training stops before the update (on_nonfinite='stop'): lower the learning rate, check the "
                 "rewards and the loss's hyper-parameters (docs/policy-losses.md), or set on_nonfinite='skip' to drop "
                 "such updates."
             )
-        if skip_now:
-            warnings.warn(f"{what}: this optimizer update is skipped (on_nonfinite='skip').", RuntimeWarning, 2)
+        if skipped:
+            warnings.warn(f"{what}: {skipped} (on_nonfinite='skip').", RuntimeWarning, 2)
         else:
             self._nonfinite_step = self._nonfinite_step or what

@@ -12,6 +12,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from .checkpointing import GenerationBufferCheckpointing
 from .configs import BANDPO_PAPER, DGPO_PAPER, TRL_PER_TOKEN_LOSS_TYPES, BandPOConfig, DGPOConfig, PolicyLossConfig
+from .dataset_rows import check_dataset
 from .dynamic_sampling import DynamicSampling
 from .nonfinite import NonFiniteGuard
 from .old_policy import OLD_ENTROPIES_KEY, OldPolicyPass
@@ -105,6 +106,8 @@ class PolicyLossTrainer(
         environment_factory=None,
     ):
         args = self._setup_policy_term(model, args)
+        for name, dataset in {"train_dataset": train_dataset, "eval_dataset": eval_dataset}.items():
+            check_dataset(dataset, name, reward_funcs if rollout_func is None else [], environment_factory is None)
         self._call_with_warnings_at_the_callers_line(
             super().__init__, model, reward_funcs, args=args, train_dataset=train_dataset,
             eval_dataset=eval_dataset, processing_class=processing_class,
@@ -120,6 +123,8 @@ class PolicyLossTrainer(
             output = self._generate_with_dynamic_sampling(inputs)
         else:
             output = self._generate_once(inputs)
+            if self._dropped_rows is not None:  # groups dropped for their rewards (`on_nonfinite="skip"`)
+                output = self._mask_rows(output, self._dropped_rows)
         old_entropies = output.pop(OLD_ENTROPIES_KEY, None)
         old_logps = output.get("old_per_token_logps")
         if old_logps is not None and self.loss_type not in TRL_PER_TOKEN_LOSS_TYPES:
