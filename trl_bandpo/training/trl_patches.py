@@ -6,8 +6,9 @@ applies our `Patch`es, each located by the statement it acts on (the statement w
 key, on the parsed source; each key must be found exactly once), compiles the result in a copy of the namespace of
 TRL's module, and returns the function. A patch whose target is not found exactly once, or a TRL installed without its
 sources, or a patch whose code reads a name the patched method no longer defines (TRL renamed a variable), is one
-`TRLPatchError` at import naming the TRL version, the method and the patch: we never fall back to running TRL's loss
-unchanged. A TRL outside `TESTED_TRL` (pyproject.toml's pin) warns once at import.
+`TRLPatchError` at import naming the TRL version, the method and the patch (and the patcher's function, where the
+method is a trainer patcher's replacement or wrapper): we never fall back to running TRL's loss unchanged. A TRL
+outside `TESTED_TRL` (pyproject.toml's pin) warns once at import.
 
 The generated source is written to a file named after the method, the TRL version and its hash, in
 `$TRL_BANDPO_PATCHED_DIR` (default `$XDG_CACHE_HOME/trl_bandpo/patched`, or `~/.cache/...`), and compiled under that
@@ -32,6 +33,7 @@ import textwrap
 import warnings
 from dataclasses import dataclass
 
+import transformers
 import trl
 from packaging.specifiers import SpecifierSet
 
@@ -88,26 +90,50 @@ def check_trl_version(version: str) -> None:
 check_trl_version(trl.__version__)
 
 
-#: The methods of TRL's trainers our policy term runs in: a trainer patcher that redefines one (Unsloth's rewrite of
-#: `GRPOTrainer`, whose `compute_loss` computes its own loss) would train without our policy loss.
+#: The methods of TRL's trainers our policy term runs in: a trainer patcher that redefines or wraps one (Unsloth's
+#: rewrite of `GRPOTrainer`, whose `compute_loss` computes its own loss) may train without our policy loss. A wrapper
+#: that only calls TRL's method is refused too: nothing tells it from one that changes what runs.
 LOSS_PATH = ("compute_loss", "_compute_loss", "_get_per_token_logps_and_entropies")
-_TRL_MODULES = ("trl.", "trl_bandpo.", "transformers.")  # where those methods may come from
+#: The folders of the packages whose code may run on the loss path: ours, TRL's and transformers'.
+_LIBRARY_FOLDERS = tuple(
+    os.path.dirname(package.__file__) + os.sep for package in (sys.modules["trl_bandpo"], trl, transformers)
+)
+
+
+def _foreign_code(function):
+    """The first function of `function`'s `__wrapped__` chain whose code's file is not TRL's, transformers', ours or
+    a method we patched (`functools.wraps` copies TRL's names, not its code), or None."""
+
+    def library(function) -> bool:
+        filename = getattr(getattr(function, "__code__", None), "co_filename", "")
+        return filename.startswith(_LIBRARY_FOLDERS) or filename in PATCHED_FILES
+
+    innermost = inspect.unwrap(function, stop=lambda wrapper: not library(wrapper))
+    return None if library(innermost) else innermost
+
+
+def _origin(function) -> str:
+    """Where `function` really comes from: the module whose globals it runs in, its code's own name and file."""
+    module = getattr(function, "__globals__", {}).get("__name__", type(function).__module__)
+    code = getattr(function, "__code__", None)
+    return f"{module} ({getattr(code, 'co_qualname', code.co_name)} in {code.co_filename})" if code else module
 
 
 def check_trl_base(trainer: type, stacklevel: int = 1) -> None:
-    """Refuse `trainer` (one of ours, or a user's subclass) if the TRL classes it is built on are not TRL's own on
-    its loss path; warn if Unsloth is imported without having replaced them (not tested with our trainers).
-    `stacklevel`: the caller's, for the warning."""
+    """Refuse `trainer` (one of ours, or a user's subclass) if a loss-path function of its classes from ours down
+    runs code that is not TRL's or ours (`_foreign_code`); warn if Unsloth is imported without having replaced them
+    (not tested with our trainers). `stacklevel`: the caller's, for the warning."""
     ours = next(i for i, cls in enumerate(trainer.__mro__) if cls.__module__.startswith("trl_bandpo."))
     for base in trainer.__mro__[ours:]:
-        modules = {name: getattr(base.__dict__.get(name), "__module__", None) or "trl." for name in LOSS_PATH}
-        foreign = [f"{name} from {module}" for name, module in modules.items() if not module.startswith(_TRL_MODULES)]
+        found = {name: _foreign_code(vars(base)[name]) for name in LOSS_PATH if name in vars(base)}
+        foreign = [f"{name} from {_origin(function)}" for name, function in found.items() if function is not None]
         if foreign or "unsloth" in f"{base.__module__}.{base.__name__}".lower():
             raise TypeError(
                 f"{trainer.__name__} is built on {base.__module__}.{base.__name__} "
                 f"({', '.join(foreign) or 'a rewrite of TRL'}), not on TRL's own trainer: a trainer patcher such as "
-                "Unsloth replaced TRL's loss path, so our policy loss would never run. Import trl_bandpo before "
-                "unsloth (or the patcher), or train with the patcher's own trainer."
+                "Unsloth replaced or wrapped TRL's loss path, so our policy loss may never run. Import trl_bandpo "
+                "before the patcher if it rebinds TRL's names (as Unsloth does), else train without it or with its "
+                "own trainer."
             )
     if "unsloth" in sys.modules:
         warnings.warn(
@@ -167,9 +193,15 @@ def _source_file(label: str, source: str) -> str | None:
 def patch_method(cls: type, name: str, patches: tuple[Patch, ...]):
     """`cls.name` (a TRL method) with `patches` applied, compiled in a copy of its module's namespace."""
     where = f"{cls.__name__}.{name} of TRL {trl.__version__}"
-    help_text = "see docs/upgrading-trl.md (a TRL version this trl-bandpo was not tested with?)"
+    method = getattr(cls, name)
+    help_text = "see docs/upgrading-trl.md (did TRL change it? a TRL version this trl-bandpo was not tested with?)"
+    if (foreign := _foreign_code(method)) is not None:  # what we read is a patcher's code, or runs in its namespace
+        help_text = (
+            f"{cls.__name__}.{name} is no TRL code but a trainer patcher's replacement or wrapper of it, "
+            f"{_origin(foreign)}, not a TRL version problem: train without that patcher, or import trl_bandpo "
+            "before it if it rebinds TRL's names as Unsloth does (docs/upgrading-trl.md)"
+        )
     try:
-        method = getattr(cls, name)
         source = textwrap.dedent(inspect.getsource(method))
     except (OSError, TypeError) as error:
         raise TRLPatchError(
@@ -206,8 +238,8 @@ def patch_method(cls: type, name: str, patches: tuple[Patch, ...]):
         if read - known:
             raise TRLPatchError(
                 f"trl-bandpo cannot patch {where}: patch {patch.name!r} ({patch.why}) reads "
-                f"{', '.join(map(repr, sorted(read - known)))}, which the patched method does not define (did TRL "
-                f"rename it?); {help_text}."
+                f"{', '.join(map(repr, sorted(read - known)))}, which the patched method does not define; "
+                f"{help_text}."
             )
     label = f"{cls.__name__}.{name}-trl-{trl.__version__}"
     filename = _source_file(label, patched) or f"<trl-bandpo: {where}, patched>"
