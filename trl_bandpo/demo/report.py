@@ -17,7 +17,7 @@ from ..core.metrics import TAIL_PROBABILITY as TAIL_P  # tail tokens: old-token 
 #: (key of a results row, column title) of the summary table.
 _SUMMARY_COLUMNS = (
     ("method", "method"), ("policy_loss", "policy loss"), ("heldout_acc_greedy", "held-out acc (greedy)"),
-    ("heldout_acc_sampled", "held-out acc (T=1)"), ("train_reward_last", "train reward (last 25%)"),
+    ("heldout_acc_sampled", "held-out acc (sampled)"), ("train_reward_last", "train reward (last 25%)"),
     ("entropy_final", "entropy final"), ("entropy_mean", "entropy mean"), ("clip_rate_mean", "clip rate"),
     ("clip_high_mean", "upper clip rate"), ("tail_share", f"tail share of upper clip (p<{TAIL_P})"),
 )  # fmt: skip
@@ -177,13 +177,13 @@ def observations(rows: dict[str, dict], reference: str, warm: dict) -> list[str]
                 f"{ref_label}: {verdict(row, ref, 'tail_share', False)})",
                 f"{label} clipped fewer tokens overall than {ref_label}: "
                 f"{verdict(row, ref, 'clip_rate_mean', False)})",
-                f"{label} reached a higher held-out accuracy (T=1) than {ref_label}: "
+                f"{label} reached a higher held-out accuracy (sampled) than {ref_label}: "
                 f"{verdict(row, ref, 'heldout_acc_sampled', True)})",
             ]
         acc, acc_se = row["heldout_acc_sampled"], to_float(row.get("heldout_acc_sampled_se"))
         improved = _verdict(acc, warm["sampled"], _se_diff(acc_se, to_float(warm.get("sampled_se"))), True)
         lines.append(
-            f"{label} improved held-out accuracy (T=1) over the warm start: {improved} "
+            f"{label} improved held-out accuracy (sampled) over the {_start(warm)}: {improved} "
             f"({format_number(warm['sampled'])} -> {format_number(acc)}); its entropy went from "
             f"{format_number(row['entropy_first'])} to {format_number(row['entropy_end'])} "
             f"(first step -> last 25% of steps)"
@@ -191,10 +191,15 @@ def observations(rows: dict[str, dict], reference: str, warm: dict) -> list[str]
     return lines
 
 
+def _start(warm: dict) -> str:
+    """What RL started from: the warm start, or a pretrained model."""
+    return warm.get("label", "warm start")
+
+
 def markdown_table(rows: dict[str, dict], warm: dict) -> str:
     """The summary table: a warm-start row, then one row per method, columns of `_SUMMARY_COLUMNS`."""
     lines = ["| " + " | ".join(title for _, title in _SUMMARY_COLUMNS) + " |", "|---" * len(_SUMMARY_COLUMNS) + "|"]
-    warm_row = {"method": "warm start (no RL)", "policy_loss": "-", "heldout_acc_greedy": warm["greedy"],
+    warm_row = {"method": f"{_start(warm)} (no RL)", "policy_loss": "-", "heldout_acc_greedy": warm["greedy"],
                 "heldout_acc_sampled": warm["sampled"]}  # fmt: skip
     for row in (warm_row, *rows.values()):
         values = [row.get(key, math.nan) for key, _ in _SUMMARY_COLUMNS]
@@ -209,14 +214,20 @@ def summary_markdown(args, results: dict, output_dir: Path) -> str:
     rows, warm = results["methods"], results["warm_start"]
     figure_note = output_dir / results["figure"] if results["figure"] else "not drawn (pip install matplotlib)"
     num_train, num_eval, warm_steps = results["problems"]["train"], results["problems"]["held_out"], warm["steps"]
+    model = (
+        f"tiny Qwen2 (hidden {args.hidden_size}, {args.num_layers} layers); warm start {warm_steps} SFT steps (target "
+        f"{args.warmup_target:g}, at most {args.warmup_steps})"
+        if args.model is None
+        else f"pretrained {args.model}, {f'LoRA rank {args.lora_rank}' if args.lora_rank else 'full fine-tuning'}, "
+        "chat prompts, reward: the reply's last number is the sum"
+    )
     settings_line = (
         f"addition a+b, a, b < {args.max_operand}; {num_train} training prompts, {num_eval} held-out "
-        f"problems ({args.eval_samples} samples each at T=1); tiny Qwen2 (hidden {args.hidden_size}, "
-        f"{args.num_layers} layers); warm start {warm_steps} SFT steps (target {args.warmup_target:g}, "
-        f"at most {args.warmup_steps}); RL {args.steps} steps per method, "
+        f"problems ({args.eval_samples} samples each); {model}; RL {args.steps} steps per method, "
         f"lr {args.lr:g}, {args.prompts_per_generation} prompts × {args.num_generations} completions per generation, "
         f"{args.steps_per_generation} steps per generation × {args.num_iterations} iterations, loss_type dapo, "
-        f"beta 0, temperature 1; BandPO KL δ = {args.band_radius:g}, upper cap 10; seed {args.seed}."
+        f"beta 0, temperature {args.temperature:g} (RL and held-out samples); BandPO KL δ = {args.band_radius:g}, "
+        f"upper cap 10; seed {args.seed}."
     )
     return "\n".join(
         [
@@ -226,12 +237,13 @@ def summary_markdown(args, results: dict, output_dir: Path) -> str:
             "",
             markdown_table(rows, warm),
             "",
-            "Columns: held-out accuracy on problems never trained on (greedy, and mean over samples at temperature "
-            "1); train reward = mean reward over the last 25% of generation batches; entropy = TRL's `entropy` "
-            "(final = last logged step, mean = over all steps); clip rate = mean of `clip_ratio/region_mean`, upper "
-            "clip rate = mean of `clip_ratio/high_mean` (for DGPO these count tokens outside the clip range, whose "
-            "gradient is decayed rather than zeroed); tail share = share of all upper-clipped tokens that had p < "
-            f"{TAIL_P} (per-step `clip_ratio/high_tail_share` weighted by the step's `clip_ratio/high_mean`).",
+            "Columns: held-out accuracy on problems never trained on (greedy, and mean over samples at the "
+            "temperature of RL); train reward = mean reward over the last 25% of generation batches; entropy = "
+            "TRL's `entropy` (final = last logged step, mean = over all steps); clip rate = mean of "
+            "`clip_ratio/region_mean`, upper clip rate = mean of `clip_ratio/high_mean` (for DGPO these count "
+            "tokens outside the clip range, whose gradient is decayed rather than zeroed); tail share = share of "
+            f"all upper-clipped tokens that had p < {TAIL_P} (per-step `clip_ratio/high_tail_share` weighted by the "
+            "step's `clip_ratio/high_mean`).",
             "",
             "## Observations (computed from the numbers above; one seed at toy scale, not a test of the papers)",
             "",
@@ -244,7 +256,7 @@ def summary_markdown(args, results: dict, output_dir: Path) -> str:
             "",
             f"Figure: {figure_note}. "
             f"Per-step metrics: {output_dir / 'metrics.csv'}. Total time {results['total_seconds']:.0f} s "
-            f"(warm start {'reused' if warm['reused'] else format(warm['seconds'], '.0f') + ' s'}; "
+            f"({_start(warm)} {'reused' if warm['reused'] else format(warm['seconds'], '.0f') + ' s'}; "
             + ", ".join(f"{row['method']} {row['train_seconds']:.0f} s" for row in rows.values())
             + ").",
             "",

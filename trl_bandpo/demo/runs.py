@@ -59,30 +59,31 @@ def method_settings(name: str, band_radius: float) -> dict[str, Any]:
     return settings
 
 
-def method_config(settings, run_dir, args, max_new_tokens):
+def method_config(settings, run_dir, args, max_new_tokens, **overrides):
     """The `PolicyLossConfig` of one method's RL run: its `settings` (a `method_settings` result) on the demo's
     shared hyper-parameters (`args`: seed, steps, learning rate, batch shape), ``output_dir`` `run_dir` (nothing is
-    saved there), completions of at most `max_new_tokens`. Built before the warm start, so that any value the config
-    refuses stops the demo at once."""
+    saved there), completions of at most `max_new_tokens`, then `overrides`. Built before the warm start, so that any
+    value the config refuses stops the demo at once."""
     from ..training.configs import PolicyLossConfig
 
     batch = args.prompts_per_generation * args.num_generations  # completions per generation batch
-    return PolicyLossConfig(
+    fields = dict(
         output_dir=str(run_dir), use_cpu=True, report_to="none", disable_tqdm=True, save_strategy="no",
         logging_steps=1, seed=args.seed, data_seed=args.seed, max_steps=args.steps, learning_rate=args.lr,
         lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         per_device_train_batch_size=batch // args.steps_per_generation, gradient_accumulation_steps=1,
         steps_per_generation=args.steps_per_generation, num_generations=args.num_generations,
-        num_iterations=args.num_iterations, max_completion_length=max_new_tokens, temperature=1.0, top_p=1.0,
-        beta=0.0, loss_type="dapo", **{k: v for k, v in settings.items() if k != "label"},
+        num_iterations=args.num_iterations, max_completion_length=max_new_tokens, temperature=args.temperature,
+        top_p=1.0, beta=0.0, loss_type="dapo", **{k: v for k, v in settings.items() if k != "label"},
     )  # fmt: skip
+    return PolicyLossConfig(**(fields | overrides))
 
 
-def train_method(config, label, model_path, train_rows, bar, reward=None, callbacks=()):
-    """Train the model at `model_path` with RL on `train_rows` (``prompt``, ``answer``) under `config` (a
-    `method_config`), rewarded by `reward` (default `correctness_reward`) with `callbacks` added, advancing `bar` once
-    per optimizer step (showing `label`, the reward and the entropy). Returns ``(trainer, its log_history without the
-    final train_runtime entry, training seconds)``."""
+def train_method(config, label, model_path, train_rows, bar, reward=None, callbacks=(), peft_config=None):
+    """Train the model at `model_path` (with `peft_config`'s adapters, if given) with RL on `train_rows` (``prompt``,
+    ``answer``) under `config` (a `method_config`), rewarded by `reward` (default `correctness_reward`) with
+    `callbacks` added, advancing `bar` once per optimizer step (showing `label`, the reward and the entropy). Returns
+    ``(trainer, its log_history without the final train_runtime entry, training seconds)``."""
     from datasets import Dataset
     from transformers import PrinterCallback, ProgressCallback, TrainerCallback, set_seed
 
@@ -102,6 +103,7 @@ def train_method(config, label, model_path, train_rows, bar, reward=None, callba
         reward_funcs=reward or correctness_reward,
         args=config,
         train_dataset=Dataset.from_list(train_rows),
+        peft_config=peft_config,
     )
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)

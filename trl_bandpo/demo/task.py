@@ -1,21 +1,30 @@
-"""The demo's synthetic task: two-operand addition ``"a+b="`` -> ``"<a+b>"``, its exact-answer reward, and accuracy.
+"""The demo's synthetic task: two-operand addition, its rewards, and accuracy.
 
 Operands are drawn from ``[0, max_operand)``. The ``max_operand²`` problems are split once, by seed, into training
 prompts and held-out problems that are never trained on (neither by the warm start nor by RL): accuracy on them
-measures generalisation.
+measures generalisation. The tiny model reads ``"a+b="`` and must answer ``"<a+b>"`` exactly (`correctness_reward`).
+A pretrained chat model is asked `CHAT_QUESTION` in a user message and is right when the last number of its reply is
+the sum (`last_number_reward`): at the start SmolLM2-135M-Instruct knows most small sums but rarely stops at the
+answer (about a quarter of its replies end on the right number within 16 tokens), so the reward rewards the format
+first, then the sums it gets wrong.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import re
+
+#: The user message of the chat task (pretrained models).
+CHAT_QUESTION = "What is {a} + {b}? Answer with only the number."
 
 
-def make_problems(max_operand: int, num_prompts: int, num_eval: int, seed: int):
+def make_problems(max_operand: int, num_prompts: int, num_eval: int, seed: int, chat: bool = False):
     """Split the ``max_operand²`` problems ``a+b=`` into disjoint training prompts and held-out problems.
 
-    Returns two lists of ``{"prompt": "a+b=", "answer": "<a+b>"}``: `num_prompts` training problems (0 = all the
-    ones not held out) and `num_eval` held-out ones. The split depends only on `seed`.
+    Returns two lists of ``{"prompt": "a+b=", "answer": "<a+b>"}`` (with `chat`, the prompt is the user message
+    `CHAT_QUESTION`): `num_prompts` training problems (0 = all the ones not held out) and `num_eval` held-out ones. The
+    split depends only on `seed`.
     """
     pairs = [(a, b) for a in range(max_operand) for b in range(max_operand)]
     random.Random(seed).shuffle(pairs)
@@ -31,7 +40,11 @@ def make_problems(max_operand: int, num_prompts: int, num_eval: int, seed: int):
                 f"{num_eval} (or raise --max-operand), got {num_prompts}."
             )
         train = train[:num_prompts]
-    as_rows = lambda ps: [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in ps]  # noqa: E731
+
+    def prompt(a, b):
+        return [{"role": "user", "content": CHAT_QUESTION.format(a=a, b=b)}] if chat else f"{a}+{b}="
+
+    as_rows = lambda ps: [{"prompt": prompt(a, b), "answer": str(a + b)} for a, b in ps]  # noqa: E731
     return as_rows(train), as_rows(held_out)
 
 
@@ -45,17 +58,23 @@ def correctness_reward(completions, answer, **kwargs) -> list[float]:
     return [1.0 if _text(c).strip() == str(a) else 0.0 for c, a in zip(completions, answer)]
 
 
+def last_number_reward(completions, answer, **kwargs) -> list[float]:
+    """1.0 when the last integer in the completion is the answer, else 0.0."""
+    last = [(re.findall(r"-?\d+", _text(c)) or [None])[-1] for c in completions]
+    return [1.0 if number == str(a) else 0.0 for number, a in zip(last, answer)]
+
+
 def _text(completion) -> str:
     if isinstance(completion, list) and completion and isinstance(completion[-1], dict):  # conversational
         return str(completion[-1].get("content", ""))
     return str(completion)
 
 
-def evaluate_accuracy(
-    model, tokenizer, rows, *, samples: int, seed: int, max_new_tokens: int, greedy: bool = True, batch_size: int = 512
-):
-    """Accuracy on `rows`: greedy (unless `greedy=False`), and the mean over `samples` samples per problem at
-    temperature 1 (0 = skip), drawn under a fixed `seed` without touching the global RNG state."""
+def evaluate_accuracy(model, tokenizer, rows, *, samples: int, seed: int, max_new_tokens: int, greedy: bool = True,
+                      batch_size: int = 512, reward=correctness_reward, temperature: float = 1.0):  # fmt: skip
+    """Accuracy on `rows` (chat prompts through the tokenizer's chat template), scored by `reward`: greedy (unless
+    `greedy=False`), and the mean over `samples` samples per problem at `temperature` (0 = skip), drawn under a fixed
+    `seed` without touching the global RNG state."""
     import torch
 
     model_was_training = model.training
@@ -65,8 +84,8 @@ def evaluate_accuracy(
     special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
 
     def run(prompts, do_sample):
-        # pure sampling at temperature 1 (top_k=0: no top-k filter), as TRL samples during training
-        sampling = {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0} if do_sample else {}
+        # pure sampling at `temperature` (top_k=0: no top-k filter), as TRL samples during training
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if do_sample else {}
         texts = []
         for i in range(0, len(prompts), batch_size):
             enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
@@ -75,14 +94,17 @@ def evaluate_accuracy(
             texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         return texts
 
-    prompts = [row["prompt"] for row in rows]
+    prompts = [
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) if isinstance(p, list) else p
+        for p in (row["prompt"] for row in rows)
+    ]
     with torch.no_grad():
-        greedy = correctness_reward(run(prompts, False), answers) if greedy else []
+        greedy = reward(run(prompts, False), answers) if greedy else []
         sampled = []
         if samples > 0:
             with torch.random.fork_rng(devices=[]):  # the global RNG state is restored afterwards
                 torch.manual_seed(seed)
-                sampled = correctness_reward(run(prompts * samples, True), answers * samples)
+                sampled = reward(run(prompts * samples, True), answers * samples)
     model.train(model_was_training)
     acc = sum(sampled) / len(sampled) if sampled else float("nan")
     return {
