@@ -254,7 +254,7 @@ def test_recipe_parses_and_matches_its_paper(path):
         assert script_args.max_prompt_tokens == 1024
         assert args.learning_rate == 1e-6 and args.beta == 0.001
         no_dual_clip = method == "band-dgpo-kl-0.05" or method.startswith("dppo-") or method in (
-            "drpo", "spo", "cppo-0.15", "trm", "m2po", "icepop"
+            "drpo", "spo", "cppo-0.15", "m2po", "icepop"
         )  # fmt: skip
         assert args.delta == (None if no_dual_clip else 10.0)
         assert args.use_bias_correction_kl is False

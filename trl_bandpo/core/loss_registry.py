@@ -16,7 +16,12 @@ from typing import Any
 import torch
 
 from .band import broadcasts_to, check_floating_tensor
-from .checks import FLOAT32_MAX, Integer, Number, shown
+from .checks import FLOAT32_MAX, Integer, Number, refuse, shown
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """`x` in float32 or wider: a half-precision ratio overflows at log-ratio 11.1 (fp16) and rounds the bounds."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 @dataclass(frozen=True)
@@ -246,12 +251,14 @@ def policy_loss(
     Args:
         name: a registered policy loss (`registered_policy_losses()`; the built-in ones are `POLICY_LOSSES`), or an
             import path `package.module:loss`.
-        logps (`torch.Tensor` of shape `(B, T)`): current log-probs of the sampled tokens (with gradient).
+        logps (`torch.Tensor` of shape `(B, T)`, not empty): current log-probs of the sampled tokens (with
+            gradient). `log r = logps - old_logps` is taken in float32 or wider, so half-precision inputs are exact.
         old_logps (`torch.Tensor` of shape `(B, T)`): log-probs under the policy that sampled them.
         advantages (`torch.Tensor` of shape `(B,)`, `(B, 1)` or `(B, T)`, or a number): `(B,)` is one advantage per
             sequence (TRL's shape); bools and integers count as numbers.
-        mask (`torch.Tensor` of shape `(B, T)`, *optional*): 1 on the tokens that count (default: every token), for the
-            losses that see whole sequences (`cppo`, `trm`, `m2po`); the others ignore it.
+        mask (`torch.Tensor` of shape `(B, T)`, *optional*): 1 on the tokens that count (default: every token), on the
+            device of `logps`, not complex; for the losses that see whole sequences (`cppo`, `trm`, `m2po`), the
+            others ignore it.
         **hyperparameters: the keywords of the loss and its bounds (docs/policy-losses.md lists each loss's), each
             checked at every call by the check its config field has; a bad value is a `ValueError` naming it.
 
@@ -260,17 +267,24 @@ def policy_loss(
     """
     spec = policy_loss_spec(name)
     bound_kwargs, loss_kwargs = _split_hyperparameters(name, spec, hyperparameters)
-    check_floating_tensor(logps, "logps")
+    if check_floating_tensor(logps, "logps").numel() == 0:
+        refuse("logps", "a non-empty tensor", logps)
     check_floating_tensor(old_logps, "old_logps")
     advantages = _as_advantages(advantages, logps)
     lower, upper = spec.bounds(old_logps, **bound_kwargs)
     if mask is None:
         mask = torch.ones_like(logps, dtype=torch.bool)
-    elif not torch.is_tensor(mask) or mask.shape != logps.shape:
-        raise ValueError(f"mask must be a tensor shaped like logps {tuple(logps.shape)}, got {shown(mask)}.")
+    elif not torch.is_tensor(mask) or (mask.shape, mask.device) != (logps.shape, logps.device) or mask.is_complex():
+        got = shown(mask) + (f" of dtype {mask.dtype} on {mask.device}" if torch.is_tensor(mask) else "")
+        raise ValueError(
+            f"mask must be a bool, integer or floating-point tensor shaped like logps {tuple(logps.shape)} on "
+            f"{logps.device}, got {got}."
+        )
     context = {"mask": mask, "old_logps": old_logps.detach(), "all_reduce": _same}
     context = {key: value for key, value in context.items() if key in spec.context}
-    return spec.loss(logps - old_logps.detach(), advantages, lower, upper, **loss_kwargs, **context)
+    # upcast first: log r subtracted in half precision is rounded (up to 17% of the loss at log r = 5)
+    log_ratio = upcast(logps) - upcast(old_logps.detach())
+    return spec.loss(log_ratio, advantages, lower, upper, **loss_kwargs, **context)
 
 
 def _same(tensor: torch.Tensor) -> torch.Tensor:

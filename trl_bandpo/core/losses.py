@@ -42,6 +42,7 @@ from .loss_registry import (  # noqa: F401  (re-exported)
     policy_loss_spec,
     register_policy_loss,
     registered_policy_losses,
+    upcast,
 )
 from .metrics import Counts
 
@@ -51,11 +52,6 @@ Bound = float | Tensor
 # Largest exponent whose exp is finite (with a rounding margin), per compute dtype: ratios and weights are capped
 # there, so no `inf * 0` turns a loss or a gradient into NaN (docs/policy-losses.md, "Inputs and numerics").
 RATIO_LOG_MAX = {dtype: math.log(torch.finfo(dtype).max) - 0.01 for dtype in (torch.float32, torch.float64)}
-
-
-def upcast(x: Tensor) -> Tensor:
-    """`x` in float32 or wider: a half-precision ratio overflows at log-ratio 11.1 (fp16) and rounds the bounds."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def safe_exp(log_x: Tensor) -> Tensor:
@@ -163,7 +159,7 @@ def drpo_bounds(old_logps: Tensor, *, epsilon: float = 12.5):
     the ratios at which `|q - p| = epsilon` (the Binary-TV boundary of radius `epsilon`), computed without gradient in
     float32 or wider and kept finite (`safe_exp`). `spo_loss` reads `epsilon / p = upper - 1` back."""
     with torch.no_grad():
-        adaptive = safe_exp(math.log(epsilon) - old_logps.detach())
+        adaptive = safe_exp(math.log(epsilon) - upcast(old_logps.detach()))
         return (1.0 - adaptive).clamp(min=0.0), 1.0 + adaptive
 
 
@@ -505,15 +501,16 @@ _DPPO_SIDES = (
     Hyperparameter("ratio_cap", "dppo_ratio_cap", RATIO_CAP),
 )
 # Per-token bounds and weights are undefined for GSPO's sequence-level ratio (which token's bound would clip a
-# sequence?): refused, not guessed. The re-weighted losses set their own weights outside the clip range, where TRL's
-# dual clip has no meaning.
+# sequence?): refused, not guessed. TRL's dual clip caps the ratio in its clipped surrogate: the losses that replace
+# that surrogate by their own weights (re-weighted, DPPO, SPO, IPO, CPPO) refuse it.
 _TOKEN_LEVEL_ONLY = {
     "importance_sampling_level": "its bounds and weights are per token, and neither paper defines them for GSPO's "
     "sequence-level ratio (use policy_loss='clip' for GSPO)"
 }
 _NO_DUAL_CLIP = {
     **_TOKEN_LEVEL_ONLY,
-    "delta": "the dual clip applies to the clipped losses only; this one sets its own weights outside the clip range",
+    "delta": "the dual clip caps the ratio in TRL's clipped surrogate, and this loss does not use that surrogate: it "
+    "sets its own per-token weights",
 }
 for _spec in (
     PolicyLossSpec("clip", clip_bounds, clipped_surrogate_loss, (*_CLIP, DUAL_CLIP)),
@@ -645,13 +642,16 @@ def trm_keep(log_ratio, mask, *, divergence="k3", reduce="mean", threshold=0.01)
     return (statistic <= threshold).expand_as(x)
 
 
-def trm_loss(log_ratio, advantages, lower, upper, *, mask, divergence="k3", reduce="mean", threshold=0.01):
-    """TRM: the clipped surrogate (TRL's `epsilon`, `epsilon_high`) on the tokens of kept sequences, 0 elsewhere."""
+def trm_loss(log_ratio, advantages, lower, upper, *, mask, divergence="k3", reduce="mean", threshold=0.01, delta=None):
+    """TRM: the clipped surrogate (TRL's `epsilon`, `epsilon_high`, `delta`) on the tokens of kept sequences, 0
+    elsewhere."""
     keep = trm_keep(log_ratio, mask, divergence=divergence, reduce=reduce, threshold=threshold)
-    return _kept(keep, clipped_surrogate_loss(log_ratio, advantages, lower, upper))
+    return _kept(keep, clipped_surrogate_loss(log_ratio, advantages, lower, upper, delta=delta))
 
 
-def trm_metrics(log_ratio, advantages, lower, upper, mask, *, divergence="k3", reduce="mean", threshold=0.01):
+def trm_metrics(
+    log_ratio, advantages, lower, upper, mask, *, divergence="k3", reduce="mean", threshold=0.01, delta=None
+):
     """`trm/masked_share` (counted tokens) and `trm/sequence_masked_share` (sequences with counted tokens)."""
     keep, sequences = (
         trm_keep(log_ratio, mask, divergence=divergence, reduce=reduce, threshold=threshold),
@@ -686,14 +686,14 @@ def m2po_keep(log_ratio, mask, *, threshold=0.04) -> Tensor:
     return (rank >= dropped).reshape(mask.shape) & (mask > 0)
 
 
-def m2po_loss(log_ratio, advantages, lower, upper, *, mask, threshold=0.04):
-    """M2PO: the clipped surrogate (TRL's `epsilon`, `epsilon_high`) on the kept tokens, 0 on the masked ones."""
-    return _kept(
-        m2po_keep(log_ratio, mask, threshold=threshold), clipped_surrogate_loss(log_ratio, advantages, lower, upper)
-    )
+def m2po_loss(log_ratio, advantages, lower, upper, *, mask, threshold=0.04, delta=None):
+    """M2PO: the clipped surrogate (TRL's `epsilon`, `epsilon_high`, `delta`) on the kept tokens, 0 on the masked
+    ones."""
+    surrogate = clipped_surrogate_loss(log_ratio, advantages, lower, upper, delta=delta)
+    return _kept(m2po_keep(log_ratio, mask, threshold=threshold), surrogate)
 
 
-def m2po_metrics(log_ratio, advantages, lower, upper, mask, *, threshold=0.04):
+def m2po_metrics(log_ratio, advantages, lower, upper, mask, *, threshold=0.04, delta=None):
     """`m2po/masked_share` and the second moments `m2po/m2` (counted tokens) and `m2po/m2_kept` (kept ones)."""
     keep = m2po_keep(log_ratio, mask, threshold=threshold)
     m2, counted = upcast(log_ratio.detach()).square(), mask > 0
@@ -713,14 +713,14 @@ def icepop_keep(log_ratio, *, low=0.5, high=5.0) -> Tensor:
     return (ratio >= low) & (ratio <= high)
 
 
-def icepop_loss(log_ratio, advantages, lower, upper, *, low=0.5, high=5.0):
-    """IcePop: the clipped surrogate (TRL's `epsilon`, `epsilon_high`) on the kept tokens, 0 on the masked ones."""
-    return _kept(
-        icepop_keep(log_ratio, low=low, high=high), clipped_surrogate_loss(log_ratio, advantages, lower, upper)
-    )
+def icepop_loss(log_ratio, advantages, lower, upper, *, low=0.5, high=5.0, delta=None):
+    """IcePop: the clipped surrogate (TRL's `epsilon`, `epsilon_high`, `delta`) on the kept tokens, 0 on the masked
+    ones."""
+    surrogate = clipped_surrogate_loss(log_ratio, advantages, lower, upper, delta=delta)
+    return _kept(icepop_keep(log_ratio, low=low, high=high), surrogate)
 
 
-def icepop_metrics(log_ratio, advantages, lower, upper, mask, *, low=0.5, high=5.0):
+def icepop_metrics(log_ratio, advantages, lower, upper, mask, *, low=0.5, high=5.0, delta=None):
     """`icepop/masked_share`, split into `icepop/masked_low_share` (`r < low`) and `_high_share` (`r > high`)."""
     ratio, counted = safe_exp(log_ratio.detach()), mask > 0
     low_side, high_side = (ratio < low) & counted, (ratio > high) & counted
@@ -753,11 +753,13 @@ _ICEPOP = (
 )
 for _spec in (
     PolicyLossSpec("cppo", cppo_bounds, cppo_loss, _CPPO, metrics=cppo_metrics, incompatible=_NO_DUAL_CLIP),
-    PolicyLossSpec("trm", clip_bounds, trm_loss, (*_CLIP, *_TRM), metrics=trm_metrics, incompatible=_NO_DUAL_CLIP),
-    PolicyLossSpec("m2po", clip_bounds, m2po_loss, (*_CLIP, Hyperparameter("threshold", "m2po_threshold", _POSITIVE)),
-                   metrics=m2po_metrics, incompatible=_NO_DUAL_CLIP),
-    PolicyLossSpec("icepop", clip_bounds, icepop_loss, (*_CLIP, *_ICEPOP), metrics=icepop_metrics,
-                   check=_check_icepop_interval, incompatible=_NO_DUAL_CLIP),
+    # TRM, M2PO and IcePop keep TRL's clipped surrogate, dual clip included, on the tokens they keep.
+    PolicyLossSpec("trm", clip_bounds, trm_loss, (*_CLIP, *_TRM, DUAL_CLIP), metrics=trm_metrics,
+                   incompatible=_TOKEN_LEVEL_ONLY),
+    PolicyLossSpec("m2po", clip_bounds, m2po_loss, (*_CLIP, Hyperparameter("threshold", "m2po_threshold", _POSITIVE),
+                   DUAL_CLIP), metrics=m2po_metrics, incompatible=_TOKEN_LEVEL_ONLY),
+    PolicyLossSpec("icepop", clip_bounds, icepop_loss, (*_CLIP, *_ICEPOP, DUAL_CLIP), metrics=icepop_metrics,
+                   check=_check_icepop_interval, incompatible=_TOKEN_LEVEL_ONLY),
 ):  # fmt: skip
     register_policy_loss(_spec)
 

@@ -121,7 +121,10 @@ class PolicyTerm:
         if segment_id is None or not declared:
             return function(*tensors, **kwargs)
         rows = SampleRows(segment_id)  # packed tokens (N,) -> one padded row per sample (S, L), and back
-        kwargs = {key: rows.unpack(value) for key, value in kwargs.items()}
+        # a None hyper-parameter stays None; only the mask (None when packed) becomes the padded rows' mask
+        kwargs = {
+            key: rows.unpack(value) if key == "mask" or value is not None else None for key, value in kwargs.items()
+        }
         out = function(*(rows.unpack(value) for value in tensors), **kwargs)
         return out if metrics else out[rows.row, rows.column]
 
