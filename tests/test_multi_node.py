@@ -151,6 +151,105 @@ def test_builder_argv_drives_accelerate_to_the_intended_torchrun_layout(backend)
     assert args.training_script == "trl_bandpo.cli.train" and args.module
 
 
+def accelerate_config_with(tmp_path: Path, name: str, text: str | None = None, **fields) -> str:
+    """`text` as a file, or the multi-node ZeRO-3 config with `fields` changed (None: removed from its section)."""
+    path = tmp_path / f"{name}.yaml"
+    if text is None:
+        config = yaml.safe_load(CONFIG.read_text())
+        for key, value in fields.items():
+            section = config["deepspeed_config"] if key.startswith("deepspeed_") else config
+            section.pop(key) if value is None else section.update({key: value})
+        text = yaml.safe_dump(config)
+    path.write_text(text)
+    return str(path)
+
+
+# (name, the file's text or the multi-node ZeRO-3 config's fields changed, what the one-line refusal says)
+BAD_ACCELERATE_CONFIGS = [
+    ("empty", {"text": ""}, "the accelerate config must hold a mapping of field: value, got an empty file"),
+    ("invalid_yaml", {"text": "distributed_type: [FSDP\n"}, "the accelerate config cannot be read: while parsing"),
+    ("a_list", {"text": "- DEEPSPEED\n"}, "must hold a mapping of field: value, got a list"),
+    ("the_recipe", {"text": (REPO / RECIPE).read_text()},
+     "is not an accelerate config: A `distributed_type` must be specified"),
+    ("unknown", {"distributed_type": "ZERO3"}, "not an accelerate config: 'ZERO3' is not a valid DistributedType"),
+    ("single_process", {"distributed_type": "NO"}, "has distributed_type 'NO', which cannot run on several nodes: "
+                                                   "must be one of MULTI_GPU, DEEPSPEED, FSDP"),
+    ("no_unquoted", {"text": "distributed_type: NO\n"}, "has distributed_type False, which cannot run on several"),
+    ("cpu", {"distributed_type": "MULTI_CPU"}, "has distributed_type 'MULTI_CPU', which cannot run on several nodes"),
+    ("tpu", {"distributed_type": "XLA"}, "has distributed_type 'XLA', which cannot run on several nodes"),
+    ("pdsh", {"deepspeed_multinode_launcher": "pdsh"}, "has deepspeed_multinode_launcher 'pdsh': must be 'standard'"),
+    ("no_launcher", {"deepspeed_multinode_launcher": None}, "deepspeed_multinode_launcher None: must be 'standard'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"), BAD_ACCELERATE_CONFIGS, ids=[c[0] for c in BAD_ACCELERATE_CONFIGS]
+)
+def test_an_accelerate_config_that_cannot_run_on_several_nodes_is_refused_by_layout_and_train(
+    tmp_path, name, content, message, capsys, monkeypatch
+):
+    """Hardening round 6, item 4: `layout` and `train` passed an empty file, invalid YAML, the recipe itself or
+    `distributed_type: 'NO'` on, and `accelerate launch` failed on every node once the vLLM server was up."""
+    path = accelerate_config_with(tmp_path, name, **content)
+    monkeypatch.setattr(os, "execvpe", lambda *args: pytest.fail(f"ran {args}"))
+    for key, value in slurm_env(0, "gpu001").items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("ACCELERATE_CONFIG", path)
+    train = ["train", "--recipe", RECIPE, "--exec", "--config_file", path]
+    for argv, setting in ((["layout", "--recipe", RECIPE], "ACCELERATE_CONFIG"), (train, "config_file")):
+        assert mn.main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1, err
+        assert err.startswith(f"multi_node.py: error: {setting}={path!r}") and message in err, err
+    with pytest.raises(mn.LaunchError, match=re.escape(message)):  # called from Python: the same refusal
+        mn.train_command(slurm_env(0, "gpu001"), RECIPE, config_file=path)
+
+
+def test_every_shipped_config_but_the_single_process_one_runs_on_several_nodes():
+    for path in sorted((REPO / "accelerate_configs").glob("*.yaml")):
+        relative = str(path.relative_to(REPO))
+        if path.name == "single_gpu.yaml":
+            with pytest.raises(mn.LaunchError, match="distributed_type 'NO', which cannot run on several nodes"):
+                mn.check_accelerate_config(relative)
+        else:
+            assert mn.check_accelerate_config(relative) == relative
+
+
+@pytest.mark.parametrize(
+    ("fields", "several_nodes"),
+    [({}, True), ({"distributed_type": "FSDP"}, True), ({"distributed_type": "MULTI_GPU"}, True),
+     ({"distributed_type": "NO"}, False), ({"distributed_type": "MULTI_CPU"}, False),
+     ({"deepspeed_multinode_launcher": "pdsh"}, False), ({"deepspeed_multinode_launcher": None}, False)],
+)  # fmt: skip
+def test_the_configs_refused_are_those_accelerate_would_not_start_per_node_with_torchrun(
+    tmp_path, fields, several_nodes
+):
+    """The reference is `accelerate launch` itself, given the builder's argv for 2 nodes: a config runs on several
+    nodes when accelerate starts torchrun with nnodes=2 in this process (the DeepSpeed `standard` launcher, FSDP,
+    multi-GPU); with `NO` or `MULTI_CPU` it starts one plain process that ignores the other node, and with any other
+    DeepSpeed launcher the `deepspeed` runner, which ssh-es into the nodes of a hostfile (accelerate's launcher
+    internals; skipped if moved)."""
+    launch = pytest.importorskip("accelerate.commands.launch")
+    utils = pytest.importorskip("accelerate.utils.launch")
+    if not hasattr(launch, "_validate_launch_command") or not hasattr(utils, "prepare_deepspeed_cmd_env"):
+        pytest.skip("this accelerate version moved its launcher internals")
+    path = accelerate_config_with(tmp_path, "config", **fields)
+    argv = mn.train_command(slurm_env(1, "gpu002"), RECIPE)  # the default config, then this one in its place
+    argv[argv.index("--config_file") + 1] = path
+    args, _, _ = launch._validate_launch_command(launch.launch_command_parser().parse_args(argv[2:]))
+    torchrun = args.multi_gpu or args.use_fsdp
+    if args.use_deepspeed:
+        pytest.importorskip("deepspeed")
+        args.deepspeed_fields_from_accelerate_config = ""
+        torchrun = utils.prepare_deepspeed_cmd_env(args)[0] is None  # None: torchrun here, not the ssh runner
+    assert torchrun == several_nodes
+    if several_nodes:
+        assert mn.check_accelerate_config(path) == path
+    else:
+        with pytest.raises(mn.LaunchError, match=f"config_file={re.escape(repr(path))} has "):
+            mn.check_accelerate_config(path)
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # The command builder
 # ------------------------------------------------------------------------------------------------------------------
@@ -670,6 +769,9 @@ def test_sbatch_without_a_vllm_node_trains_on_every_node(tmp_path):
         ({"VLLM_STARTUP_TIMEOUT": "soon"}, "VLLM_STARTUP_TIMEOUT='soon': must be a number of seconds > 0"),
         ({"VLLM_HEALTH_INTERVAL": "0"}, "VLLM_HEALTH_INTERVAL='0': must be a number of seconds > 0"),
         ({"ACCELERATE_CONFIG": "missing.yaml"}, "ACCELERATE_CONFIG='missing.yaml': must be an existing file"),
+        ({"ACCELERATE_CONFIG": "accelerate_configs/single_gpu.yaml"},
+         "ACCELERATE_CONFIG='accelerate_configs/single_gpu.yaml' has distributed_type 'NO', which cannot run"),
+        ({"ACCELERATE_CONFIG": RECIPE}, f"ACCELERATE_CONFIG='{RECIPE}' is not an accelerate config"),
         ({"VLLM_NODES": "2"}, "VLLM_NODES='2': must be 0 or 1"),
         ({"VLLM_MAX_MODEL_LEN": "8k"}, "VLLM_MAX_MODEL_LEN='8k': must be a whole number >= 1"),
         ({"VLLM_TENSOR_PARALLEL_SIZE": "4"}, "tensor parallel 4 x data parallel 1 needs more than the 2 GPUs"),
@@ -809,4 +911,5 @@ def test_builder_is_not_part_of_the_package():
         assert "import scripts" not in text and "from scripts" not in text, path
     source = (REPO / "scripts" / "slurm" / "multi_node.py").read_text()
     assert "import trl_bandpo" not in source and "from trl_bandpo" not in source
-    assert len(source.splitlines()) < 500  # 400 until it checked the batch script's settings, 450 until every value
+    assert len(source.splitlines()) < 540  # 400 until it checked the batch script's settings, 450 until every value,
+    # 500 until it read the accelerate config

@@ -344,8 +344,8 @@ _DISTORTING = [
     (dict(generation_kwargs={"presence_penalty": 0.5}), "generation_kwargs['presence_penalty']=0.5"),
     (dict(generation_kwargs={"logit_bias": {"5": 2.0}}), "generation_kwargs['logit_bias']={'5': 2.0}"),
     (dict(generation_kwargs={"temperature": 0.7}), "generation_kwargs['temperature']=0.7"),
-    # values that are no neutral setting either: a string, NaN
-    (dict(generation_kwargs={"top_p": "0.8"}), "generation_kwargs['top_p']='0.8'"),
+    # values that are no neutral setting either: a string, NaN (a top_p of '0.8' is refused before, as no number)
+    (dict(generation_kwargs={"presence_penalty": "0.5"}), "generation_kwargs['presence_penalty']='0.5'"),
     (dict(generation_kwargs={"min_tokens": float("nan")}), "generation_kwargs['min_tokens']=nan"),
 ]
 

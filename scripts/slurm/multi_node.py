@@ -12,12 +12,13 @@ The job's nodes are split into N training nodes (the first ones, in SLURM's orde
 `train --config_file` picks the sharding: accelerate_configs/multi_node_zero3.yaml (DeepSpeed ZeRO-3, the default) or
 accelerate_configs/multi_node_fsdp2.yaml (PyTorch FSDP2); the batch script passes its ACCELERATE_CONFIG setting.
 
-`layout` also checks the batch script's settings (`SETTINGS`, environment variables) and the vLLM server command, so
-a bad value stops the job before any process starts. Every value is checked, whether it comes from the environment,
+`layout` also checks the batch script's settings (`SETTINGS`, environment variables), the accelerate config (with
+accelerate's own loader; one that cannot run on several nodes is refused) and the vLLM server command, so a bad value
+stops the job before any process starts. Every value is checked, whether it comes from the environment,
 an argument or the recipe (ports, counts, seconds): a bad one ends the helper with status 2 and one line naming the
 setting, its value and what it must be (`multi_node.py: error: VLLM_PORT='80000': must be a port number, 1-65535`),
-never a traceback. An application script, not part of the `trl_bandpo` package: the standard library, and PyYAML to
-read the recipe.
+never a traceback. An application script, not part of the `trl_bandpo` package: the standard library, PyYAML to
+read the recipe, and accelerate to read its config.
 """
 
 from __future__ import annotations
@@ -203,19 +204,49 @@ def _argument(kind: tuple[str, Callable[[str], bool]], convert: Callable[[str], 
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def read_recipe(path: str) -> dict:
+def read_yaml(path: str, label: str | None = None) -> dict:
+    """The mapping the YAML file `path` holds, else a LaunchError that starts with `label` (default: the recipe)."""
     import yaml
 
+    label = label or f"recipe {path}"
     if not os.path.isfile(path):
-        raise LaunchError(f"recipe {path} does not exist (paths are relative to the repository root)")
+        raise LaunchError(f"{label} does not exist (paths are relative to the repository root)")
     try:
         with open(path) as f:
-            fields = yaml.safe_load(f) or {}
+            fields = yaml.safe_load(f)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
-        raise LaunchError(f"recipe {path} cannot be read: {' '.join(str(err).split())}") from None
+        raise LaunchError(f"{label} cannot be read: {' '.join(str(err).split())}") from None
     if not isinstance(fields, dict):
-        raise LaunchError(f"recipe {path} must hold a mapping of field: value, got a {type(fields).__name__}")
+        got = "an empty file" if fields is None else f"a {type(fields).__name__}"
+        raise LaunchError(f"{label} must hold a mapping of field: value, got {got}")
     return fields
+
+
+#: The `distributed_type`s that run as one `accelerate launch` (torchrun) per node on NCCL GPUs, as srun starts them.
+MULTI_NODE_TYPES = ("MULTI_GPU", "DEEPSPEED", "FSDP")
+
+
+def check_accelerate_config(path: str, name: str = "config_file") -> str:
+    """`path` when accelerate's own loader reads it as a config that runs on several nodes (`MULTI_NODE_TYPES`;
+    DeepSpeed with its `standard` launcher, not one that ssh-es into a hostfile's nodes), else a LaunchError naming
+    `name`, the file and what is wrong: all before the vLLM server starts, not in `accelerate launch` on every node."""
+    read_yaml(path, f"{name}={path!r}: the accelerate config")  # exists, is YAML, holds a mapping
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    try:  # accelerate's own loader: the keys and values it accepts (a recipe has no distributed_type)
+        config = load_config_from_file(path)
+    except (ValueError, TypeError) as err:
+        raise LaunchError(f"{name}={path!r} is not an accelerate config: {' '.join(str(err).split())}") from None
+    kind = getattr(config.distributed_type, "value", config.distributed_type)  # NO unquoted: YAML's False
+    if kind not in MULTI_NODE_TYPES:
+        raise LaunchError(f"{name}={path!r} has distributed_type {kind!r}, which cannot run on several nodes: "
+                          f"must be one of {', '.join(MULTI_NODE_TYPES)}")  # fmt: skip
+    deepspeed = config.deepspeed_config if isinstance(config.deepspeed_config, dict) else {}
+    launcher = deepspeed.get("deepspeed_multinode_launcher") if kind == "DEEPSPEED" else "standard"
+    if launcher != "standard":  # unset: accelerate's default, pdsh
+        raise LaunchError(f"{name}={path!r} has deepspeed_multinode_launcher {launcher!r}: must be 'standard' "
+                          "(one accelerate launch per node, started by srun)")  # fmt: skip
+    return path
 
 
 def machine_rank(env: Mapping[str, str], layout: Layout) -> int:
@@ -265,6 +296,7 @@ def train_command(
         raise LaunchError(f"rdzv_backend={rdzv_backend!r}: must be static or c10d")
     check_value("main_process_port", main_process_port, _PORT)
     check_value("vllm_port", vllm_port, _PORT)
+    check_accelerate_config(config_file)
     rank = machine_rank(env, layout)
     argv = [
         program, "launch", "--config_file", config_file,
@@ -449,13 +481,14 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> list[str] | None:
     if not args.recipe:
         raise LaunchError(f"`{args.command}` needs --recipe")
     settings = check_settings(env) if args.command == "layout" else {}  # the others get them as arguments
-    fields = read_recipe(args.recipe)
+    fields = read_yaml(args.recipe)
     if fields.get("vllm_server_port") is not None:
         check_value("the recipe's vllm_server_port", fields["vllm_server_port"], _PORT)
     port = args.vllm_port or int(settings.get("VLLM_PORT") or fields.get("vllm_server_port") or DEFAULT_VLLM_PORT)
     vllm_nodes = int(settings.get("VLLM_NODES", 1)) if args.vllm_nodes is None else args.vllm_nodes
     layout = job_layout(env, vllm_nodes, args.gpus_per_node)
     if args.command == "layout":
+        check_accelerate_config(settings.get("ACCELERATE_CONFIG", DEFAULT_ACCELERATE_CONFIG), "ACCELERATE_CONFIG")
         if layout.vllm_node is not None:  # the server's command, built as its node will (model, GPUs, sizes)
             sizes = ("VLLM_TENSOR_PARALLEL_SIZE", "VLLM_DATA_PARALLEL_SIZE", "VLLM_MAX_MODEL_LEN")
             tp, dp, max_len = (int(settings[k]) if k in settings else None for k in sizes)

@@ -36,6 +36,31 @@ TRL_PER_TOKEN_LOSS_TYPES = ("cispo", "sapo", "vespo", "luspo")
 # TRL loss types that aggregate the clipped per-token term: every registered policy loss runs under these.
 CLIP_AGGREGATION_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 TRL_LOSS_TYPES = CLIP_AGGREGATION_LOSS_TYPES + TRL_PER_TOKEN_LOSS_TYPES
+#: Sampling settings TRL leaves unchecked, as fields and as `generation_kwargs` keys: what vLLM and transformers take.
+SAMPLING_CHECKS = {
+    "top_p": Number(low=0, low_open=True, high=1),
+    "top_k": Integer(low=-1),  # 0 and -1: no top-k for vLLM; transformers takes 0 only (`check_settings`)
+    "min_p": Number(low=0, high=1, optional=True),
+    "repetition_penalty": Number(low=0, low_open=True),
+}
+
+
+@dataclass(frozen=True)
+class GenerationKwargs(JSONObject):
+    """A JSON object whose sampling keys are spelled as vLLM and transformers read them (they ignore or reject `TOP_P`
+    and `top-p`, mid-run) and hold values both accept (`SAMPLING_CHECKS`)."""
+
+    def __call__(self, value: Any, field: str) -> Any:
+        value = super().__call__(value, field)
+        for key, item in (value or {}).items():
+            spelled = str(key).lower().replace("-", "_")
+            if spelled != key and spelled in SAMPLING_KEYS:
+                refuse(f"{field} key {key!r}", f"spelled {spelled!r}, the key vLLM and transformers read", key)
+            if key in SAMPLING_CHECKS:
+                SAMPLING_CHECKS[key](item, f"{field}[{key!r}]")
+        return value
+
+
 #: TRL fields that TRL itself does not check, checked by our configs (a NaN learning rate trains NaN weights).
 #: Each is refused here, before anything loads, instead of by a late crash or NaN (a batch size of 0, a seed numpy
 #: refuses, a temperature the logits are divided by, an output_dir of '', ...).
@@ -49,7 +74,8 @@ TRL_FIELD_CHECKS = {
     "num_generations": Integer(low=2),  # GRPO's advantages compare completions of one prompt
     "seed": Integer(low=0, high=2**32 - 1),
     "output_dir": Text(optional=True),
-    "generation_kwargs": JSONObject(optional=True),
+    "generation_kwargs": GenerationKwargs(optional=True),
+    **SAMPLING_CHECKS,
 }
 #: TRL fields read only under their `loss_type` (TRL's own per-token losses), as `sapo_temperature_pos`.
 TRL_LOSS_TYPE_PREFIXES = ("sapo", "vespo")
@@ -369,6 +395,10 @@ def check_settings(config, defaults: dict | None = None) -> None:
                 f"({config.num_generations}), so that no prompt group straddles two processes."
             )
     _check_rollout_source(config)
+    extra = getattr(config, "generation_kwargs", None) or {}
+    label = "generation_kwargs['top_k']" if "top_k" in extra else "top_k"  # the key overrides the field
+    if extra.get("top_k", getattr(config, "top_k", 0)) == -1 and not getattr(config, "use_vllm", True):  # async: vLLM
+        refuse(label, "0 or more without use_vllm (transformers' generate refuses -1; 0 means no top-k)", -1)
     deepspeed = getattr(config, "deepspeed", None) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
     if getattr(config, "on_nonfinite", "stop") == "skip" and deepspeed:
         raise ValueError(
@@ -448,38 +478,36 @@ _NEUTRAL_SAMPLING = (
 )
 
 
+#: The sampling settings (TRL's fields, vLLM's `SamplingParams` and server keys) under which vLLM's sampling log-probs
+#: are not the model's, each with the test of a value that makes them differ.
+ROLLOUT_DISTORTIONS = {
+    "top_p": lambda v: v < 1,
+    **dict.fromkeys(("top_k", "min_p", "min_tokens"), lambda v: v > 0),  # top_k 0 and -1: no top-k
+    "repetition_penalty": lambda v: v != 1,
+    **dict.fromkeys(("presence_penalty", "frequency_penalty"), lambda v: v != 0),
+    **dict.fromkeys(("logit_bias", "allowed_token_ids", "bad_words", "logits_processors", "extra_args"), bool),
+    "vllm_xargs": bool,  # a server's extra_args, read by custom logits processors
+    # constrained decoding (guided decoding before structured outputs): any value
+    **dict.fromkeys(("vllm_structured_outputs_regex", "structured_outputs", "response_format"), lambda v: True),
+    **dict.fromkeys((f"guided_{kind}" for kind in ("decoding", "json", "regex", "choice", "grammar")), lambda v: True),
+}
+#: The `generation_kwargs` keys whose other spellings (`TOP_P`, `top-p`) are refused.
+SAMPLING_KEYS = (*ROLLOUT_DISTORTIONS, "temperature")
+
+
 def _rollout_logps_distortions(config) -> list[str]:
     """The sampling settings of `config` under which vLLM's sampling log-probs (its `processed_logprobs`) differ from
-    the log-probs of the model the trainer holds, each as `name=value` (`top_p=0.8`,
-    `generation_kwargs['min_tokens']=16`): truncation (top-p < 1, top-k > 0, min-p > 0, and min_tokens > 0, which
-    masks the end-of-sequence token), constrained decoding (structured outputs, and vLLM's older guided-decoding
-    keys), penalties, logit biases, allowed or banned tokens, and a sampling temperature other than the one the
-    trainer divides the logits by. A key of `generation_kwargs` (a mapping once checked: `check_fields`) overrides
-    the config's field of that name, as in TRL's vLLM generation; fields a config family lacks (the async configs
-    have no `generation_kwargs`) are skipped."""
+    the log-probs of the model the trainer holds (`ROLLOUT_DISTORTIONS`), each as `name=value` (`top_p=0.8`,
+    `generation_kwargs['min_tokens']=16`), and a sampling temperature other than the one the trainer divides the
+    logits by. A key of `generation_kwargs` (a mapping once checked: `check_fields`) overrides the config's field of
+    that name, as in TRL's vLLM generation; fields a config family lacks (the async configs have no
+    `generation_kwargs`) are skipped."""
     extra = getattr(config, "generation_kwargs", None) or {}
-    constrains = lambda v: True  # noqa: E731 - any value given constrains decoding
-    changed = {
-        "top_p": lambda v: v < 1,
-        "top_k": lambda v: v > 0,  # 0 and -1: no top-k
-        "min_p": lambda v: v > 0,
-        "min_tokens": lambda v: v > 0,
-        "repetition_penalty": lambda v: v != 1,
-        "presence_penalty": lambda v: v != 0,
-        "frequency_penalty": lambda v: v != 0,
-        "logit_bias": bool,
-        "allowed_token_ids": bool,
-        "bad_words": bool,
-        "vllm_structured_outputs_regex": constrains,
-        "structured_outputs": constrains,
-        # vLLM's guided decoding before structured outputs
-        **dict.fromkeys((f"guided_{kind}" for kind in ("decoding", "json", "regex", "choice", "grammar")), constrains),
-    }
     found = []
-    for name, is_changed in changed.items():
-        label, value = (f"generation_kwargs[{name!r}]", extra[name]) if name in extra else (name, None)
-        if name not in extra and hasattr(config, name):
-            value = getattr(config, name)
+    for name, is_changed in ROLLOUT_DISTORTIONS.items():
+        label, value = (
+            (f"generation_kwargs[{name!r}]", extra[name]) if name in extra else (name, getattr(config, name, None))
+        )
         try:
             distorts = value is not None and (is_changed(value) or value != value)  # NaN: not a neutral value
         except TypeError:  # a value of the wrong type ("0.8") is no neutral value either
@@ -513,6 +541,15 @@ def _unused_settings(config, spec, defaults: dict) -> dict[str, str]:
         )
     elif getattr(config, "band_radius_by", None) is None:
         unused.update({name: "without band_radius_by='entropy'" for name in radius_fields if changed(name)})
+    if not (getattr(config, "use_vllm", False) and getattr(config, "vllm_importance_sampling_correction", False)):
+        names = [f"vllm_importance_sampling_{name}" for name in ("mode", "cap", "clip_min", "clip_max")]
+        why = "without use_vllm=True and vllm_importance_sampling_correction=True"
+        unused.update({name: why for name in names if changed(name)})
+    # Without vLLM, TRL's off-policy mask compares the policy with its old-policy pass, which it makes only when a
+    # generation batch spans several optimizer steps (the sampling policy is the trained one otherwise).
+    if changed("off_policy_mask_threshold") and not config.use_vllm:
+        if not config.gradient_accumulation_steps % (config.steps_per_generation * config.num_iterations):
+            unused["off_policy_mask_threshold"] = "without use_vllm=True or generation batches over several steps"
     if changed("dynamic_sampling_max_rounds") and not getattr(config, "dynamic_sampling", False):
         unused["dynamic_sampling_max_rounds"] = "without dynamic_sampling=True"
     for loss_type in TRL_LOSS_TYPE_PREFIXES:
