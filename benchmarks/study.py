@@ -70,6 +70,7 @@ from types import SimpleNamespace
 if __package__ in (None, ""):  # `python benchmarks/study.py` from anywhere
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from trl_bandpo.core.checks import Integer, Number, refuse  # noqa: E402
 from trl_bandpo.demo.figure import clip_rate_per_generation_batch  # noqa: E402
 from trl_bandpo.demo.report import metrics_frame, summarize_history, tail_share_of_upper_clipping  # noqa: E402
 from trl_bandpo.demo.runs import method_config, train_method  # noqa: E402
@@ -356,7 +357,7 @@ def run_one(arm: str, method: str, seed: int, model_path: Path, train_rows, eval
 
     rl = SimpleNamespace(seed=seed, steps=args.steps, lr=2e-4, prompts_per_generation=args.prompts_per_generation,
                          num_generations=args.num_generations, steps_per_generation=args.steps_per_generation,
-                         num_iterations=args.num_iterations)  # fmt: skip
+                         num_iterations=args.num_iterations, temperature=1.0)  # fmt: skip
     config = method_config(METHODS[method], out / "trainer", rl, max_new_tokens(arm))
     bar = SimpleNamespace(update=lambda n: None, set_postfix=lambda *a, **k: None)  # the study's bar counts runs
     trainer, history, train_seconds = train_method(config, method, model_path, train_rows, bar, REWARDS[arm],
@@ -408,7 +409,29 @@ def read_runs(path: Path) -> list[dict]:
     reader = csv.DictReader(io.StringIO(text))
     if reader.fieldnames and tuple(reader.fieldnames) != COLUMNS:
         raise ValueError(f"{path} has other columns than this script writes: use another --output-dir")
-    return list(reader)
+    rows = list(reader)
+    for line, row in enumerate(rows, start=2):  # the runs are keyed by (arm, method, seed)
+        if row["arm"] not in ARMS or not (row["seed"].isascii() and row["seed"].isdigit()):
+            refuse(f"{path} line {line}: arm and seed", f"one of {list(ARMS)} and an integer >= 0",
+                   (row["arm"], row["seed"]))  # fmt: skip
+    return rows
+
+
+def read_study(out: Path) -> dict:
+    """``study.json`` of `out` ({} when there is none): an object whose ``settings`` pass the flags' checks."""
+    path = out / "study.json"
+    text = path.read_text() if path.is_file() else "{}"
+    try:
+        study = json.loads(text)
+    except ValueError:
+        study = text[:80]
+    if not isinstance(study, dict) or not isinstance(study.get("settings", {}), dict):
+        refuse(str(path), 'a JSON object {"settings": {...}, ...} as this script writes (else use another '
+               "--output-dir)", study)  # fmt: skip
+    for name, value in study.get("settings", {}).items():
+        if name in FLAG_CHECKS:
+            FLAG_CHECKS[name](value, f"{path}: settings.{name}")
+    return study
 
 
 def append_run(path: Path, row: dict) -> None:
@@ -443,7 +466,7 @@ def check_settings(args, out: Path) -> None:
     settings = {name: getattr(args, name) for name in _RUN_SETTINGS}
     study = out / "study.json"
     if study.is_file():
-        recorded = json.loads(study.read_text()).get("settings", {})
+        recorded = read_study(out).get("settings", {})
         if recorded != settings:
             changed = sorted(name for name in settings if recorded.get(name) != settings[name])
             raise ValueError(f"{out} holds runs made with other settings ({', '.join(changed)}): use another "
@@ -734,7 +757,7 @@ def report(out: Path) -> list[dict]:
     writer.writeheader()
     writer.writerows({key: _cell(value) for key, value in row.items()} for row in rows)
     _write_atomically(out / "summary.csv", buffer.getvalue())
-    study = json.loads((out / "study.json").read_text()) if (out / "study.json").is_file() else {}
+    study = read_study(out)
     settings = study.get("settings", {})
     updates = settings.get("steps_per_generation", 4) * settings.get("num_iterations", 2)  # steps per batch
     _write_atomically(out / "summary.md", summary_markdown(rows, runs, study))
@@ -764,6 +787,18 @@ def report(out: Path) -> list[dict]:
 # -- command line -----------------------------------------------------------------------------------------------------
 
 
+#: The check of each numeric flag (`trl_bandpo.core.checks`, the demo's bounds), applied before any work.
+FLAG_CHECKS = {
+    "steps": Integer(low=1), "threads": Integer(low=0), "hidden_size": Integer(low=8),
+    "addition_warmup_steps": Integer(low=0), "addition_warmup_target": Number(0, 1),
+    "divisors_warmup_steps": Integer(low=0), "prompts_per_generation": Integer(low=1),
+    "num_generations": Integer(low=2), "steps_per_generation": Integer(low=1), "num_iterations": Integer(low=1),
+    "probe_every": Integer(low=1),
+}  # fmt: skip
+#: Seeds seed the warm starts and runs through NumPy too (below 2**32); a study of more runs would take days.
+MAX_SEED, MAX_SEEDS = 2**32 - 1, 1000
+
+
 def _names(values, allowed, flag) -> list[str]:
     names = list(dict.fromkeys(word for value in values for word in str(value).replace(",", " ").split()))
     unknown = [name for name in names if name not in allowed]
@@ -773,12 +808,17 @@ def _names(values, allowed, flag) -> list[str]:
 
 
 def _seeds(values) -> list[int]:
-    seeds = []
+    seeds, allowed = [], f"integers in [0, {MAX_SEED}] or ranges like 0-4, at most {MAX_SEEDS} seeds in all"
     for word in (word for value in values for word in str(value).replace(",", " ").split()):
         first, _, last = word.partition("-")
-        if not (first.isdigit() and (not last or last.isdigit())) or (last and int(last) < int(first)):
-            raise ValueError(f"--seeds: expected seeds >= 0 or ranges like 0-4, got {word!r}")
-        seeds += range(int(first), int(last or first) + 1)
+        last = last or first
+        if not all(part.isascii() and part.isdigit() for part in (first, last)) or not (
+            int(first) <= int(last) <= MAX_SEED and len(seeds) + int(last) - int(first) < MAX_SEEDS
+        ):
+            refuse("--seeds", allowed, word)
+        seeds += range(int(first), int(last) + 1)
+    if not seeds:
+        refuse("--seeds", allowed, " ".join(values))
     return list(dict.fromkeys(seeds))
 
 
@@ -817,12 +857,10 @@ def main(argv=None) -> int:
         args.arms = _names(args.arms, ARMS, "--arms")
         args.methods = _names(args.methods, list(METHODS), "--methods")
         args.seeds = _seeds(args.seeds)
-        for flag in ("steps", "hidden_size", "prompts_per_generation", "num_generations", "steps_per_generation",
-                     "num_iterations", "probe_every"):  # fmt: skip
-            if getattr(args, flag) < 1:
-                raise ValueError(f"--{flag.replace('_', '-')}: expected at least 1, got {getattr(args, flag)}")
+        for name, check in FLAG_CHECKS.items():
+            check(getattr(args, name), "--" + name.replace("_", "-"))
         if args.hidden_size % 8:
-            raise ValueError(f"--hidden-size: expected a multiple of 8, got {args.hidden_size}")
+            refuse("--hidden-size", "a multiple of 8", args.hidden_size)
         if (args.prompts_per_generation * args.num_generations) % args.steps_per_generation:
             raise ValueError("--steps-per-generation: expected a divisor of prompts x generations")
         out = Path(args.output_dir).expanduser()
@@ -831,6 +869,8 @@ def main(argv=None) -> int:
             check_settings(args, out)
         elif not read_runs(out / RUNS_CSV):
             raise ValueError(f"--report-only: no finished runs in {out / RUNS_CSV}")
+        else:
+            read_study(out)
     except (OSError, ValueError) as err:
         parser.error(str(err))
     if not args.report_only:

@@ -5,6 +5,7 @@ anything, a damaged one is a clear error, and an interrupted save is skipped whe
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import pytest
@@ -65,10 +66,10 @@ def _signal_only_for_odd_operands(completions, prompts, **kwargs):
     return [1.0 if int(p.split("+")[0]) % 2 == 0 else 0.05 * len(c) for c, p in zip(completions, prompts)]
 
 
-def _dynamic_run(model, output_dir):
+def _dynamic_run(model, output_dir, **overrides):
     args = train_args(
         BandPOConfig, output_dir, max_steps=6, save_strategy="steps", save_steps=1000, dynamic_sampling=True,
-        dynamic_sampling_max_rounds=2,
+        dynamic_sampling_max_rounds=2, **overrides,
     )  # fmt: skip
     return BandPOTrainer(
         model=model, reward_funcs=_signal_only_for_odd_operands, args=args, train_dataset=addition_dataset()
@@ -88,6 +89,19 @@ def test_resume_with_dynamic_sampling_equals_the_uninterrupted_run(tiny_model_di
     resumed.train(resume_from_checkpoint=str(tmp_path / "split" / "checkpoint-1"))
     got = dict(resumed.model.named_parameters())
     assert all(torch.equal(want[name], got[name].detach()) for name in want)
+
+
+@pytest.mark.gpu
+def test_resume_with_dynamic_sampling_on_cuda(tiny_model_dir, tmp_path):
+    """The buffer file is loaded onto the trainer's device, and a generator's state must be a CPU tensor: before,
+    resuming on CUDA failed with TypeError "RNG state must be a torch.ByteTensor"."""
+    first = _dynamic_run(tiny_model_dir, tmp_path, use_cpu=False)
+    first.add_callback(_StopAfterFirstStep())
+    first.train()
+    resumed = _dynamic_run(tiny_model_dir, tmp_path, use_cpu=False)
+    assert resumed.accelerator.device.type == "cuda"
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert resumed.state.global_step == 6
 
 
 # --- the buffer file: never executed, damage named, interrupted saves skipped ------------------------------------
@@ -234,3 +248,62 @@ def test_a_foreign_buffer_file_is_a_named_error(tiny_model_dir, saved_checkpoint
     resumed = _resume_run(tiny_model_dir, run_dir)
     with pytest.raises(ValueError, match=f"cannot read .*{BUFFER}.*{needle}"):
         resumed.train(resume_from_checkpoint=str(run_dir / "checkpoint-1"))
+
+
+# --- buffers that no run writes, and a checkpoint whose save was interrupted: named before any step ---------------
+
+
+def _vocabulary(model_dir) -> int:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir).vocab_size  # the tiny model's embedding has one row per token
+
+
+def _set_id(state, batch, key, value):
+    state["buffered_inputs"][batch][key][0, 0] = value
+
+
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        # before: an IndexError at the first step (TRL indexes the list by micro-step)
+        (lambda state, vocab: state.update(buffered_inputs=[]), "it holds 0 buffered batches, not "
+         "steps_per_generation=2"),
+        # before: read as two batches, then a TypeError inside TRL's step
+        (lambda state, vocab: state.update(buffered_inputs=[None, None]), "not a list of batches"),
+        # before: an IndexError inside the embedding (on CUDA a device-side assert)
+        (lambda state, vocab: _set_id(state, 1, "completion_ids", vocab), "batch 1 has completion_ids that are no "
+         "token ids of the model (int64 in [0, {vocab}))"),
+        (lambda state, vocab: _set_id(state, 0, "prompt_ids", -1), "batch 0 has prompt_ids that are no token ids"),
+        # before: torch's RuntimeError "Expected a CPUGeneratorImplState of size 5056" from set_state
+        (lambda state, vocab: state.update(extra_prompt_rng=torch.zeros(10, dtype=torch.uint8)),
+         "extra_prompt_rng is no generator state (torch.uint8, (5056,); got (torch.uint8, (10,)))"),
+    ],
+    ids=["no-batches", "none-batches", "id-past-vocabulary", "negative-id", "rng-length"],
+)  # fmt: skip
+def test_a_buffer_no_run_writes_is_a_named_error(tiny_model_dir, saved_checkpoint, tmp_path, edit, needle):
+    run_dir = _copy(saved_checkpoint, tmp_path)
+    path = run_dir / "checkpoint-1" / BUFFER
+    state = torch.load(path, weights_only=True)
+    edit(state, _vocabulary(tiny_model_dir))
+    torch.save(state, path)
+    resumed = _resume_run(tiny_model_dir, run_dir)
+    needle = needle.replace("{vocab}", str(_vocabulary(tiny_model_dir)))
+    with pytest.raises(ValueError, match=f"cannot read .*{BUFFER}.*{re.escape(needle)}"):
+        resumed.train(resume_from_checkpoint=str(run_dir / "checkpoint-1"))
+    assert resumed.state.global_step == 1  # refused at load: no step ran
+
+
+def test_resuming_from_an_interrupted_checkpoint_is_refused_before_its_weights_load(
+    tiny_model_dir, saved_checkpoint, tmp_path
+):
+    """A checkpoint folder without trainer_state.json (written last: its save was interrupted). Before: Trainer
+    loaded its weights into the model, then failed with FileNotFoundError on the missing state."""
+    run_dir = _copy(saved_checkpoint, tmp_path)
+    (run_dir / "checkpoint-1" / "trainer_state.json").unlink()
+    resumed = _resume_run(tiny_model_dir, run_dir)
+    before = {name: p.detach().clone() for name, p in resumed.model.named_parameters()}
+    with pytest.raises(ValueError, match=r"^resume_from_checkpoint: '.*checkpoint-1' has no trainer_state.json: its "
+                       r"save was interrupted, so it is no checkpoint folder to resume from\."):  # fmt: skip
+        resumed.train(resume_from_checkpoint=str(run_dir / "checkpoint-1"))
+    assert all(torch.equal(before[name], p.detach()) for name, p in resumed.model.named_parameters())

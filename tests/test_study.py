@@ -167,6 +167,53 @@ def test_arguments_are_checked(tmp_path):
     assert study._seeds(["0-2", "4,1"]) == [0, 1, 2, 4]
 
 
+def _runs_csv_with_seed(out: Path, seed: str) -> None:
+    out.mkdir()
+    with open(out / "runs.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, study.COLUMNS)
+        writer.writeheader()
+        writer.writerow({"arm": "addition", "method": "clip", "seed": seed, "heldout_mean_at8": 0.5})
+
+
+BAD_VALUES = [
+    # before: an empty study, then ValueError "no finished runs" from the report
+    (["--seeds", ""], None, "--seeds must be integers in [0, 4294967295] or ranges like 0-4, at most 1000 seeds in "
+     "all, got ''."),
+    # before: a list of 10^11 seeds, MemoryError
+    (["--seeds", "0-99999999999"], None, "--seeds must be integers in [0, 4294967295] or ranges like 0-4, at most "
+     "1000 seeds in all, got '0-99999999999'."),
+    # before: torch's RuntimeError "set_num_threads expects a positive integer" when the study started
+    (["--threads", "-1"], None, "--threads must be an integer >= 0, got -1."),
+    # before: the study ran with a NaN target, and study.json then refused every rerun (NaN != NaN)
+    (["--addition-warmup-target", "nan"], None, "--addition-warmup-target must be a number in [0, 1], got nan."),
+    # before: ValueError "invalid literal for int()" from the report
+    (["--report-only"], lambda out: _runs_csv_with_seed(out, "abc"), "runs.csv line 2: arm and seed must be one of "
+     "['addition', 'divisors'] and an integer >= 0, got ('addition', 'abc')."),
+    # before: AttributeError "'list' object has no attribute 'get'"
+    ([], lambda out: (out.mkdir(), (out / "study.json").write_text("[1, 2]")), "study.json must be a JSON object "
+     '{"settings": {...}, ...} as this script writes (else use another --output-dir), got [1, 2].'),
+    (["--report-only"], lambda out: (_runs_csv_with_seed(out, "0"), (out / "study.json").write_text("[1, 2]")),
+     "study.json must be a JSON object"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "extra, prepare, says", BAD_VALUES, ids=["seeds-empty", "seeds-too-many", "threads-negative", "target-nan",
+                                             "runs-seed-abc", "study-json-list", "study-json-list-report"]
+)  # fmt: skip
+def test_bad_values_are_one_line_naming_the_flag_or_file(tmp_path, capsys, extra, prepare, says):
+    """Each is refused before any run, status 2, the last line naming the flag or file, the value and what is
+    allowed (the tiny settings: where a value once went through, the test stays short)."""
+    out = tmp_path / "out"
+    if prepare:
+        prepare(out)
+    with pytest.raises(SystemExit) as info:
+        study.main([*TINY, "--arms", "addition", "--methods", "clip", *extra, "--output-dir", str(out)])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert info.value.code == 2 and error.startswith("python benchmarks/study.py: error: ") and says in error
+    assert not (out / "warmstart").exists()
+
+
 def test_t_quantiles():
     assert study.t_quantile(4) == pytest.approx(2.7764, abs=1e-4)
     assert study.t_quantile(1) == pytest.approx(12.7062, abs=1e-4)

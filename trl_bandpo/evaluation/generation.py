@@ -34,7 +34,7 @@ def _vllm_generator(model: str, settings: Mapping[str, Any]) -> Generator:
 
     num_samples, seed, top_k = settings["num_samples"], settings["seed"], settings.get("top_k")
     llm = LLM(model=model, seed=seed, dtype=settings["dtype"], **dict(settings["vllm_kwargs"]))
-    tokenizer = llm.get_tokenizer()
+    tokenizer, keep = llm.get_tokenizer(), settings.get("truncate_prompt_tokens") or 0
     extra = {} if top_k is None else {"top_k": top_k}  # vLLM's default is no top-k
     greedy = settings["temperature"] == 0  # vLLM refuses n > 1 with greedy decoding: decode once, repeat
     params = SamplingParams(
@@ -43,9 +43,10 @@ def _vllm_generator(model: str, settings: Mapping[str, Any]) -> Generator:
     )  # fmt: skip
 
     def generate(prompts: list[Any]) -> list[list[str]]:
-        # The chat template already writes any BOS token: hand vLLM token ids so it adds none of its own.
+        # The chat template already writes any BOS token: hand vLLM token ids so it adds none of its own (the last
+        # `keep` of them; all for keep 0).
         token_prompts = [
-            {"prompt_token_ids": tokenizer(render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"]}
+            {"prompt_token_ids": tokenizer(render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"][-keep:]}
             for p in prompts
         ]
         groups = [[choice.text for choice in output.outputs] for output in llm.generate(token_prompts, params)]
@@ -61,7 +62,8 @@ def _transformers_generator(model_name_or_path: str, settings: Mapping[str, Any]
 
     device = settings["device"] or ("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
-    tokenizer.padding_side = "left"
+    tokenizer.padding_side = tokenizer.truncation_side = "left"  # a truncated prompt keeps its end
+    keep = settings.get("truncate_prompt_tokens")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(model_name_or_path, dtype=settings["dtype"]).to(device).eval()
@@ -75,7 +77,9 @@ def _transformers_generator(model_name_or_path: str, settings: Mapping[str, Any]
 
     def generate(prompts: list[Any]) -> list[list[str]]:
         texts = [render_prompt(tokenizer, p) for p in prompts]
-        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        batch = tokenizer(
+            texts, return_tensors="pt", padding=True, add_special_tokens=False, truncation=bool(keep), max_length=keep
+        ).to(device)
         with torch.inference_mode():
             output = model.generate(
                 **batch, max_new_tokens=settings["max_new_tokens"], num_return_sequences=samples_per_call,
@@ -96,7 +100,8 @@ def load_generator(backend: str, model: str, settings: Mapping[str, Any]) -> tup
         backend: "vllm" or "transformers" (see `resolve_backend`).
         model: model folder or hub id.
         settings: ``num_samples``, ``max_new_tokens``, ``temperature``, ``top_p``, ``seed``, ``dtype``,
-            ``batch_size``, ``device``, ``vllm_kwargs`` and optionally ``top_k`` (None: no top-k), as checked by
+            ``batch_size``, ``device``, ``vllm_kwargs`` and optionally ``top_k`` (None: no top-k) and
+            ``truncate_prompt_tokens`` (keep the last tokens of each prompt; None: all), as checked by
             `trl_bandpo.evaluation.EvalSettings`.
 
     Returns:
@@ -122,13 +127,20 @@ def resolve_backend(backend: str, field: str = "backend") -> str:
     return ("vllm" if installed else "transformers") if backend == "auto" else backend
 
 
-def warn_about_positions(
+class PromptTooLongError(ValueError):
+    """A prompt that leaves the model no position to generate in (`check_positions`), found before it loads."""
+
+
+def check_positions(
     model_config: Any, completion: int | None, prompts: Sequence[Any] = (), tokenizer: Any = None,
     chat_template_kwargs: Mapping[str, Any] | None = None, name: str = "max_completion_length",
+    truncate: tuple[str, int | None] | None = None,
 ) -> None:  # fmt: skip
     """Warn when a prompt (the longest of `prompts`, when `tokenizer` is given) plus `completion` new tokens (the
-    setting `name`) exceed the model's `max_position_embeddings`. `model_config` and `tokenizer` may be the model's
-    folder or Hub id (training and ``trl-bandpo eval`` check this before generating); an unreadable one: no check."""
+    setting `name`) exceed the model's `max_position_embeddings`. With `truncate`, the name and value of the setting
+    that keeps only the last tokens of each prompt (evaluation's), a prompt that fills every position even so is
+    refused (`PromptTooLongError`). `model_config` and `tokenizer` may be the model's folder or Hub id (training and
+    ``trl-bandpo eval`` check this before generating); an unreadable one: no check."""
     if isinstance(model_config, (str, os.PathLike)):
         from transformers import AutoConfig
 
@@ -145,7 +157,14 @@ def warn_about_positions(
         from ..data import prompt_lengths
 
         prompt = max(prompt_lengths(prompts, tokenizer, chat_template_kwargs))
+        prompt = min(prompt, truncate[1]) if truncate and truncate[1] else prompt
         what = f"the longest prompt ({prompt} tokens) + {name} {completion}"
+        if truncate and prompt >= positions:
+            raise PromptTooLongError(
+                f"{truncate[0]}: the longest prompt has {prompt} tokens (after truncation, if any), and the model has "
+                f"{positions} positions (max_position_embeddings): none is left to generate in. Set {truncate[0]} "
+                f"below {positions} to keep only the last tokens of each prompt, or leave the long problems out."
+            )
     if prompt + completion <= positions:
         return
     warnings.warn(

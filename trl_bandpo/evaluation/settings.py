@@ -34,6 +34,7 @@ CHECKS = {
     "preset": Choice(tuple(EVAL_PRESETS), optional=True),
     "num_samples": Integer(low=1),
     "max_new_tokens": Integer(low=1),
+    "truncate_prompt_tokens": Integer(low=1, optional=True),
     "temperature": Number(low=0),
     "top_p": Number(low=0, high=1, low_open=True),
     "top_k": Integer(low=1, optional=True),
@@ -101,6 +102,10 @@ class EvalSettings:
         None, "The k of pass@k and best@k, each in [1, num_samples] (eval default: powers of 2 up to it)."
     )
     max_new_tokens: int = _setting(4096, "Generation budget per completion, in tokens.")
+    truncate_prompt_tokens: int | None = _setting(
+        None, "Keep only the last this many tokens of each prompt (none: a prompt that leaves the model no position "
+        "to generate in is refused).",
+    )  # fmt: skip
     temperature: float = _setting(1.0, "Sampling temperature (both papers: 1.0); 0 decodes greedily once and repeats.")
     top_p: float = _setting(1.0, "Top-p, in (0, 1] (both papers: 1.0).")
     top_k: int | None = _setting(None, "Sample among the k likeliest tokens (none: no top-k).")
@@ -129,6 +134,8 @@ class EvalSettings:
     names: InitVar[Mapping[str, str] | None] = None
 
     def __post_init__(self, names: Mapping[str, str] | None) -> None:
+        if names is not None and not (isinstance(names, Mapping) and all(isinstance(n, str) for n in names.values())):
+            refuse("names", "None or a mapping of setting -> how messages name it (a string)", names)
         self.names = dict(names or {})
         for f in dataclasses.fields(self):
             if f.name in CHECKS:
@@ -226,6 +233,7 @@ class ValidationSettings(EvalSettings):
     )
     dtype: str = field(default="auto", init=False, repr=False)
     device: str | None = field(default=None, init=False, repr=False)
+    truncate_prompt_tokens: int | None = field(default=None, init=False, repr=False)
     every_steps: int = _setting(5, "Validate every this many optimizer steps (and at the end).")
     at_start: bool = _setting(
         False, "Also validate before the first step (verl's val_before_train; the BandPO authors' runs do)."
@@ -290,10 +298,16 @@ def check_output_dir(output_dir: str | os.PathLike, field: str = "output_dir") -
             pass
     except OSError as err:
         raise ValueError(f"{field}: {str(out)!r} is not a writable folder ({err.strerror or err})") from None
-    where, pyproject = out.resolve(), out / "pyproject.toml"
+    where = out.resolve()
     why = "inside the installed trl_bandpo package" if where.is_relative_to(_PACKAGE) else None
-    if pyproject.is_file() and 'name = "trl-bandpo"' in pyproject.read_text(encoding="utf-8", errors="replace"):
-        why = "the root of the trl-bandpo checkout (its pyproject.toml)"
+    for root in (where, *where.parents):  # in a checkout (installed or not): its root, or inside its package folder
+        pyproject = root / "pyproject.toml"
+        if pyproject.is_file() and 'name = "trl-bandpo"' in pyproject.read_text(encoding="utf-8", errors="replace"):
+            if where == root:
+                why = "the root of the trl-bandpo checkout (its pyproject.toml)"
+            elif where.is_relative_to(root / "trl_bandpo") and why is None:
+                why = f"inside the package folder of the trl-bandpo checkout {root}"
+            break
     if why:
         warnings.warn(
             f"the output folder {str(out)!r} is {why}: checkpoints and results would be written among the "
@@ -344,6 +358,14 @@ def _validation_settings(self, prompt_template: str = "boxed") -> ValidationSett
     if none_word(preset) is None:
         given.setdefault("prompt_template", prompt_template)
     settings = ValidationSettings.from_preset(preset, names=names, **given)
+    if settings.preset and "prompt_template" not in given and settings.prompt_template != prompt_template:
+        warnings.warn(
+            f"val_preset={settings.preset!r} validates with its val_prompt_template={settings.prompt_template!r}, "
+            f"while training prompts with prompt_template={prompt_template!r}: the model is validated on prompts "
+            "that ask for another answer format than it learns. Set val_prompt_template (and val_scorer) to the "
+            "training one, or train with the preset's.",
+            UserWarning, stacklevel=3,
+        )  # fmt: skip
     if not settings.benchmarks and unused and preset is None:
         warnings.warn(
             f"{', '.join(unused)} set, but no benchmark to validate on (val_benchmarks, val_preset): they are "

@@ -40,6 +40,17 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
     return None
 
 
+def check_checkpoint(path: str | os.PathLike) -> None:
+    """ValueError naming `resume_from_checkpoint` unless `path` is a checkpoint folder whose save completed (its
+    `trainer_state.json`, written last, is there)."""
+    if not os.path.isfile(os.path.join(path, TRAINER_STATE_NAME)):
+        why = f"has no {TRAINER_STATE_NAME}: its save was interrupted" if os.path.isdir(path) else "is no folder"
+        raise ValueError(
+            f"resume_from_checkpoint: {os.fspath(path)!r} {why}, so it is no checkpoint folder to resume from. Resume "
+            "from a complete checkpoint (resume_from_checkpoint=True: the newest one of output_dir)."
+        )
+
+
 #: The TRL settings a buffered generation batch depends on: how it is split into micro-batches and reused; how its
 #: completions were sampled and its old log-probs computed (the trainer divides the logits by the temperature); how
 #: its advantages were computed from the rewards; the reference log-probs and vLLM's correction.
@@ -78,6 +89,8 @@ class GenerationBufferCheckpointing:
                     f"{PREFIX_CHECKPOINT_DIR}-N folder with a {TRAINER_STATE_NAME})."
                 )
             resume_from_checkpoint = checkpoint
+        elif resume_from_checkpoint:  # before Trainer reads the weights, then fails on the missing state
+            check_checkpoint(resume_from_checkpoint)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _save_rng_state(self, output_dir):
@@ -121,14 +134,18 @@ class GenerationBufferCheckpointing:
                 return
             if state["step"] != step:
                 raise _damaged(path, f"its micro-step {state['step']!r} is not the checkpoint's {step}")
-            for index, batch in enumerate(state["buffered_inputs"]):
-                problem = _batch_problem(batch)
+            batches, expected = state["buffered_inputs"], self.args.steps_per_generation  # TRL indexes them by step
+            if len(batches) != expected:
+                raise _damaged(path, f"it holds {len(batches)} buffered batches, not steps_per_generation={expected}")
+            vocabulary = self.model.get_input_embeddings().num_embeddings  # the rows of the embedding ids index
+            for index, batch in enumerate(batches):
+                problem = _batch_problem(batch, vocabulary)
                 if problem is not None:
                     raise _damaged(path, f"its buffered batch {index} {problem}")
-            self._step, self._buffered_inputs = state["step"], state["buffered_inputs"]
-            if state.get("extra_prompt_rng") is not None:
+            self._step, self._buffered_inputs = state["step"], batches
+            if state["extra_prompt_rng"] is not None:  # loaded onto the device; a Generator's state lives on the CPU
                 self._extra_prompt_generator = torch.Generator()
-                self._extra_prompt_generator.set_state(state["extra_prompt_rng"])
+                self._extra_prompt_generator.set_state(state["extra_prompt_rng"].cpu())
         elif step % generate_every != 0:
             warnings.warn(
                 f"{checkpoint} was saved inside a generation batch but holds no {BUFFER_FILE.format(rank='<k>')} "
@@ -165,10 +182,15 @@ def _load_buffer(path: str, device) -> dict:
         raise _damaged(path, f"it holds {found}, not the keys {sorted(keys)}")
     if not isinstance(state["settings"], dict) or not isinstance(state["step"], int):
         raise _damaged(path, "its settings or micro-step are of the wrong type")
-    if not isinstance(state["buffered_inputs"], list) or not all(
-        item is None or isinstance(item, dict) for item in state["buffered_inputs"]
-    ):
+    batches, rng = state["buffered_inputs"], state["extra_prompt_rng"]
+    if not isinstance(batches, list) or not all(isinstance(batch, dict) for batch in batches):
         raise _damaged(path, "its buffered batch is not a list of batches")
+    want = torch.Generator().get_state()  # a CPU generator's state: uint8, of one length
+    got = (rng.dtype, tuple(rng.shape)) if torch.is_tensor(rng) else rng
+    if rng is not None and got != (want.dtype, tuple(want.shape)):
+        raise _damaged(
+            path, f"its extra_prompt_rng is no generator state ({want.dtype}, {tuple(want.shape)}; got {got})"
+        )
     return state
 
 
@@ -177,17 +199,19 @@ _PER_TOKEN_KEYS = ("completion_mask", "old_per_token_logps", "ref_per_token_logp
                    "tool_mask", "policy_lower_bound", "policy_upper_bound")  # fmt: skip
 
 
-def _batch_problem(batch: dict | None) -> str | None:
-    """What makes a buffered batch unusable, or None: tensors of the wrong shape or type, advantages that are not all
-    finite, old log-probs that are not finite at every completion token (the first step would train on them)."""
-    if batch is None:
-        return None
+def _batch_problem(batch: dict, vocabulary: int) -> str | None:
+    """What makes a buffered batch unusable, or None: tensors of the wrong shape or type, token ids outside
+    [0, `vocabulary`), advantages that are not all finite, old log-probs that are not finite at every completion
+    token (the first step would train on them)."""
     ids = batch.get("completion_ids")
     if not torch.is_tensor(ids) or ids.dim() != 2:
         return f"has no completion_ids of shape (B, T) (got {shown(ids)})"
     for key in ("prompt_ids", "prompt_mask"):
         if not torch.is_tensor(batch.get(key)) or batch[key].dim() != 2 or len(batch[key]) != len(ids):
             return f"has a {key} that is no (B, P) tensor with B = {len(ids)} (got {shown(batch.get(key))})"
+    for key in ("prompt_ids", "completion_ids"):  # an id past the embedding fails inside it (on CUDA: device assert)
+        if batch[key].dtype != torch.long or bool(((batch[key] < 0) | (batch[key] >= vocabulary)).any()):
+            return f"has {key} that are no token ids of the model (int64 in [0, {vocabulary}))"
     for key in _PER_TOKEN_KEYS:
         if key in batch and (not torch.is_tensor(batch[key]) or batch[key].shape != ids.shape):
             return f"has a {key} not shaped like completion_ids {tuple(ids.shape)} (got {shown(batch[key])})"

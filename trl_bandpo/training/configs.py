@@ -220,7 +220,9 @@ class PolicyLossConfig(GRPOConfig):
         on_nonfinite (`str`, defaults to `"stop"`):
             What a training step whose loss or gradient norm is NaN or infinite does: `"stop"` (raise
             `NonFiniteTrainingError` before the update, naming the policy loss and the first non-finite quantity) or
-            `"skip"` (warn and drop that optimizer update; not with DeepSpeed, whose engine steps by itself).
+            `"skip"` (warn and drop that optimizer update; not with DeepSpeed, whose engine steps by itself). The same
+            for rewards that are no finite numbers: stop naming the reward function and the completion, or drop the
+            group.
     """
 
     policy_loss: str = field(default="clip", metadata={"help": _POLICY_LOSS_HELP})
