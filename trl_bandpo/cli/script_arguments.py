@@ -16,6 +16,7 @@ REWARDS = {
     "signed": (1.0, -1.0, "boxed_signed_reward"),
     "accuracy": (1.0, 0.0, "boxed_accuracy_reward"),
     "dapo": (1.0, -1.0, "dapo_reward"),
+    "last_number": (1.0, 0.0, "last_number_reward"),
 }
 
 
@@ -51,7 +52,9 @@ class ScriptArguments(recipe_fields()):
             Keep at most this many problems per benchmark.
         reward (`str`, defaults to `"signed"`):
             `"signed"`: +1 / -1 from math-verify on the last `\boxed{}` (DGPO); `"accuracy"`: 1 / 0; `"dapo"`:
-            +1 / -1 from the "Answer:" line as verl's `math_dapo` compares it (the BandPO authors').
+            +1 / -1 from the "Answer:" line as verl's `math_dapo` compares it (the BandPO authors'); `"last_number"`:
+            1 / 0 when the reply's last number is the answer (short numeric answers without a format, e.g. the
+            SmolLM2 recipes).
         reward_timeout (`float`, defaults to `5.0`):
             Seconds allowed to `math_verify` per answer; an answer that takes longer scores wrong.
         reward_num_workers (`int`, *optional*):

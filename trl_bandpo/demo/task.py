@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import math
 import random
-import re
+
+from ..scoring.answers import completion_text
+from ..scoring.rewards import LastNumberReward
 
 #: The user message of the chat task (pretrained models).
 CHAT_QUESTION = "What is {a} + {b}? Answer with only the number."
@@ -55,19 +57,11 @@ def max_completion_tokens(max_operand: int) -> int:
 
 def correctness_reward(completions, answer, **kwargs) -> list[float]:
     """1.0 when the completion (stripped) is exactly the answer, else 0.0."""
-    return [1.0 if _text(c).strip() == str(a) else 0.0 for c, a in zip(completions, answer)]
+    return [1.0 if completion_text(c).strip() == str(a) else 0.0 for c, a in zip(completions, answer)]
 
 
-def last_number_reward(completions, answer, **kwargs) -> list[float]:
-    """1.0 when the last integer in the completion is the answer, else 0.0."""
-    last = [(re.findall(r"-?\d+", _text(c)) or [None])[-1] for c in completions]
-    return [1.0 if number == str(a) else 0.0 for number, a in zip(last, answer)]
-
-
-def _text(completion) -> str:
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):  # conversational
-        return str(completion[-1].get("content", ""))
-    return str(completion)
+#: 1.0 when the reply's last number is the sum, else 0.0 (`trl_bandpo.scoring.rewards.LastNumberReward`).
+last_number_reward = LastNumberReward()
 
 
 def evaluate_accuracy(model, tokenizer, rows, *, samples: int, seed: int, max_new_tokens: int, greedy: bool = True,

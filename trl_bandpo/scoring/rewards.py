@@ -260,3 +260,29 @@ class DAPOReward:
 
 
 dapo_reward = DAPOReward()
+
+#: A number as written in a reply: digits with an optional sign, decimal part or digit groups ("1,000", "2.5").
+_NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*")
+
+
+class LastNumberReward:
+    """A TRL reward function for short numeric answers: `correct` when the last number of the reply (a sign, digits,
+    decimal point and digit groups included: "12.5" is not 5) is the gold answer written the same way, else `wrong`.
+
+    Call as ``reward(completions, solution, **kwargs) -> list[float]``; the gold answers may also come as ``answer``
+    (a dataset with that column). Pure Python, picklable; ``__name__`` names the logged metric.
+    """
+
+    def __init__(self, correct: float = 1.0, wrong: float = 0.0, name: str = "last_number_reward") -> None:
+        _set_scores(self, correct, wrong, name)
+
+    def __call__(self, completions: Sequence[Any], solution: Sequence[Any] | None = None,
+                 answer: Sequence[Any] | None = None, **kwargs: Any) -> list[float]:  # fmt: skip
+        gold = solution if solution is not None else answer
+        if gold is None or isinstance(gold, (str, bytes)):
+            raise ValueError(f"{self.__name__} needs one gold answer per completion: a `solution` or `answer` column")
+        last = [(_NUMBER.findall(completion_text(c)) or [None])[-1] for c in completions]
+        return [self.correct if number == str(g).strip() else self.wrong for number, g in zip(last, gold)]
+
+    def __repr__(self) -> str:
+        return f"LastNumberReward(correct={self.correct}, wrong={self.wrong}, name={self.__name__!r})"
