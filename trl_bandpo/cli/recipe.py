@@ -53,7 +53,8 @@ class _RecipeLoader(yaml.SafeLoader):
         for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
-            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
             if isinstance(key, typing.Hashable) and seen.setdefault(key, line) != line:
                 raise ConfigError(
                     f"duplicate key {key!r} in recipe {self.name!r} (lines {seen[key]} and {line}): YAML would keep "
@@ -96,7 +97,9 @@ def read_recipe(path: str | os.PathLike) -> dict:
         return recipe or {}
     hints = [f"Hint: line {number} `{line.strip()}` {hint}." for number, line in enumerate(text.splitlines(), 1)
              for pattern, hint in _SYNTAX_HINTS if pattern.search(line)]  # fmt: skip
-    problem = f"is not valid YAML: {recipe}" if isinstance(recipe, yaml.YAMLError) else "must be a YAML mapping"
+    problem = "must be a YAML mapping"
+    if isinstance(recipe, yaml.YAMLError):
+        problem = f"is not valid YAML: {recipe}"
     raise ConfigError("\n".join([f"recipe {os.fspath(path)!r} {problem}", *hints]))
 
 
@@ -118,7 +121,8 @@ class RecipeParser(TrlParser):
         self.recipe_path = recipe_path
         self.known = {f.name for cls in dataclass_types for f in dataclasses.fields(cls) if f.init}
 
-    def error(self, message):  # argparse would print the usage and exit; the entry point reports it
+    def error(self, message):
+        """Raise: argparse would print the usage and exit; the entry point reports it."""
         raise ConfigError(message)
 
     def set_defaults_with_config(self, **recipe):
@@ -132,7 +136,8 @@ class RecipeParser(TrlParser):
             if action.dest in recipe and kind in _KINDS:
                 nullable = type(None) in typing.get_args(hints[action.dest])
                 value = recipe[action.dest]
-                for item in value if isinstance(value, list) and action.nargs == "+" else [value]:
+                items = value if isinstance(value, list) and action.nargs == "+" else [value]
+                for item in items:
                     _check_recipe_value(action.dest, item, kind, nullable, self.recipe_path)
         return super().set_defaults_with_config(**recipe)
 
@@ -147,14 +152,19 @@ class RecipeParser(TrlParser):
                 f"missing required field(s): {'; '.join(missing)}. Set them in the recipe (`field: value`) or on the "
                 "command line (`--field value`)."
             )
-        resume = getattr(namespace, "resume_from_checkpoint", None)  # "true"/"false" mean what the YAML booleans do
-        if isinstance(resume, str) and resume.strip().lower() in ("true", "false"):
-            namespace.resume_from_checkpoint = resume.strip().lower() == "true"
+        if hasattr(namespace, "resume_from_checkpoint"):
+            namespace.resume_from_checkpoint = _bool_word(namespace.resume_from_checkpoint)
         for name in (name for name in PATH_FIELDS if hasattr(namespace, name)):
             value = getattr(namespace, name)
             value = [expand_path(v, name) for v in value] if isinstance(value, list) else expand_path(value, name)
             setattr(namespace, name, value)
         return namespace, remaining
+
+
+def _bool_word(value):
+    """The words "true" / "false" (any case) as the YAML booleans; anything else as it is."""
+    word = value.strip().lower() if isinstance(value, str) else None
+    return {"true": True, "false": False}.get(word, value)
 
 
 def expand_path(value, field: str):
@@ -212,10 +222,9 @@ def _given(argv: Sequence[str], recipe: dict, name: str, bare=None):
 def _dataclass_types(argv: Sequence[str], recipe: dict) -> tuple:
     """(ScriptArguments, the config, the model config): `AsyncPolicyLossConfig` for `async_rollouts`, and a config
     extended by the fields of a policy loss given by import path (docs/adding-a-policy-loss.md)."""
-    asynchronous = _given(argv, recipe, "async_rollouts", bare=True)
-    if isinstance(asynchronous, str):
-        asynchronous = {"true": True, "false": False}.get(asynchronous.strip().lower(), asynchronous)
-    if asynchronous is not None and not isinstance(asynchronous, bool):  # it selects the config: checked first
+    # it selects the config: checked first
+    asynchronous = _bool_word(_given(argv, recipe, "async_rollouts", bare=True))
+    if asynchronous is not None and not isinstance(asynchronous, bool):
         raise ConfigError(f"async_rollouts must be true or false, got {asynchronous!r}.")
     config_class, model_config_class = PolicyLossConfig, ModelConfig
     if asynchronous:
@@ -249,16 +258,19 @@ def parse_args(argv: Sequence[str] | None = None):
         if at + 1 >= len(argv):
             raise ConfigError("--config needs a path to a YAML recipe.")
         path = argv[at + 1]
+        # read once (a FIFO such as `<(cat recipe.yaml)` cannot be read again): parsed below
         recipe = read_recipe(path)
-        del argv[at : at + 2]  # read once (a FIFO such as `<(cat recipe.yaml)` cannot be read again): parsed below
+        del argv[at : at + 2]
     env = recipe.pop("env", {})
     if not isinstance(env, dict):
         raise ConfigError("`env` in the recipe must be a mapping of variable: value.")
     for key, value in env.items():
-        if not str(key) or {"=", "\0"} & set(str(key)):  # os.environ refuses it: a bare "invalid configuration"
+        # os.environ refuses these keys with a bare "invalid configuration"
+        if not str(key) or {"=", "\0"} & set(str(key)):
             raise ConfigError(f"env in recipe {path!r}: each key must be a variable name (not empty, without '=' or a "
                               f"NUL), got {shown(key)}.")  # fmt: skip
-        if not isinstance(value, (str, int, float)):  # TrlParser would set the variable to str(value): "None"
+        # TrlParser would set the variable to str(value): "None"
+        if not isinstance(value, (str, int, float)):
             raise ConfigError(
                 f"env.{key} in recipe {path!r} must be a string, number or bool, got "
                 f"{'null' if value is None else shown(value)}."
@@ -269,7 +281,8 @@ def parse_args(argv: Sequence[str] | None = None):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", UnusedSettingWarning)
-            os.environ.update({str(key): str(value) for key, value in env.items()})  # as TrlParser sets them
+            # as TrlParser sets them
+            os.environ.update({str(key): str(value) for key, value in env.items()})
             parser.set_defaults_with_config(**recipe)
             script_args, training_args, model_args = parser.parse_args_into_dataclasses(argv)
     except ConfigError:

@@ -128,7 +128,8 @@ class ScriptArguments(recipe_fields()):
                 "for the other format scores every answer wrong. Use 'dapo' for both, or for neither.",
                 stacklevel=3,
             )
-        self.validation = self.validation_settings(self.prompt_template)  # the val_* fields, checked
+        # the val_* fields, checked
+        self.validation = self.validation_settings(self.prompt_template)
         self.val_preset = self.validation.preset  # "none" read as None
         if self.async_rollouts:
             names = ("val_preset", "val_benchmarks", "eval_dataset_name")

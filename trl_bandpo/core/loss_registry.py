@@ -57,6 +57,7 @@ POWER = Integer(low=1)
 #: keyword: `mask` (`(B, T)`, 1 on the completion tokens that count), `old_logps` (`(B, T)`) and `all_reduce`
 #: (`tensor -> its sum over processes`; the identity in one process). Never hyper-parameters.
 CONTEXT = ("mask", "old_logps", "all_reduce")
+_LOSS_ARGUMENTS = ("log_ratio", "advantages", "lower", "upper")
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,10 @@ class PolicyLossSpec:
     context: frozenset[str] = field(init=False, repr=False)
 
     def __post_init__(self):
-        def keywords(fn, positional):
-            params = inspect.signature(fn).parameters
-            return {name for name in params if name not in positional}
-
-        bound_names = keywords(self.bounds, {"old_logps"})
-        loss_names = keywords(self.loss, {"log_ratio", "advantages", "lower", "upper", *CONTEXT})
-        context = set(inspect.signature(self.loss).parameters) & set(CONTEXT)
-        object.__setattr__(self, "context", frozenset(context))
+        loss_params = set(inspect.signature(self.loss).parameters)
+        bound_names = set(inspect.signature(self.bounds).parameters) - {"old_logps"}
+        loss_names = loss_params - {*_LOSS_ARGUMENTS, *CONTEXT}
+        object.__setattr__(self, "context", frozenset(loss_params & set(CONTEXT)))
         declared = {hp.name for hp in self.hyperparameters}
         # Every keyword of the functions is declared (so the pure API and the trainer see the same set) and every
         # declared hyper-parameter reaches a function: a mistake fails at import, not at the first training step.

@@ -1,8 +1,10 @@
 """Per-token policy losses of BandPO, DGPO and their baselines, registered in the loss registry.
 
-Every loss is a pure function `loss(log_ratio, advantages, lower, upper, **hyperparameters)` returning the per-token
-loss before masking and aggregation; `lower`/`upper` are the ratio bounds from the matching `*_bounds` function
-(floats, or tensors shaped like the old log-probs, without gradient). Notation (docs/policy-losses.md):
+Every loss is a pure function `loss(log_ratio, advantages, lower, upper, **hyperparameters)` of tensors `log_ratio`
+`(B, T)` and `advantages` broadcastable to it, returning the per-token loss `(B, T)` before masking and aggregation;
+`lower`/`upper` are the ratio bounds from the matching `*_bounds(old_logps, **hyperparameters)` function (floats, or
+tensors shaped like the old log-probs, without gradient). A loss's `*_metrics` takes the same arguments and the mask
+`(B, T)` and returns `Counts`. Notation (docs/policy-losses.md):
 `r = exp(log_ratio)`, advantage `A`, gradient weight `w` on `grad log pi` (`-grad loss = A * w * grad log pi`).
 Clipped surrogates (`clip`, `band`, `relaxed_band`, `dcpo`) are TRL's `-min(r A, clamp(r, lower, upper) A)`;
 re-weighted ones (`dgpo`, `gppo`, `ce_gppo`, `aspo`, ...) set their forward value and weight explicitly
@@ -12,7 +14,7 @@ re-weighted ones (`dgpo`, `gppo`, `ce_gppo`, `aspo`, ...) set their forward valu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -63,19 +65,12 @@ def safe_exp(log_x: Tensor) -> Tensor:
 # -- Bounds: (old_logps, **hyperparameters) -> (lower, upper) ----------------------------------------------------
 
 
-def clip_bounds(old_logps: Tensor, *, epsilon_low: float = 0.2, epsilon_high: float = 0.2):
+def clip_bounds(old_logps, *, epsilon_low=0.2, epsilon_high=0.2):
     """GRPO / PPO bounds `[1 - epsilon_low, 1 + epsilon_high]` (Clip-Higher: `epsilon_high = 0.28`)."""
     return 1.0 - epsilon_low, 1.0 + epsilon_high
 
 
-def band_policy_bounds(
-    old_logps: Tensor,
-    *,
-    radius: float = 0.05,
-    divergence: str | Callable = "kl",
-    upper_max: float | None = 10.0,
-    solver: str = "auto",
-):
+def band_policy_bounds(old_logps, *, radius=0.05, divergence="kl", upper_max=10.0, solver="auto"):
     """BandPO bounds (see `trl_bandpo.core.band.band_bounds`); `upper_max=10` as the BandPO authors trained."""
     return _band(old_logps, radius, divergence, solver=solver, upper_max=upper_max)
 
@@ -99,43 +94,25 @@ def _dppo_bounds(old_logps, divergence, radius, radius_low, radius_high, solver)
     return lower, upper
 
 
-def dppo_tv_bounds(
-    old_logps: Tensor, *, radius: Radius = 0.15, radius_low: Radius | None = None, radius_high: Radius | None = None
-):
+def dppo_tv_bounds(old_logps, *, radius=0.15, radius_low=None, radius_high=None):
     """DPPO-Binary-TV: a token may move until `|q - p| = radius`, i.e. `r` in `[1 - radius/p, 1 + radius/p]` (within
     `[0, 1/p]`)."""
     return _dppo_bounds(old_logps, "tv", radius, radius_low, radius_high, "torch")
 
 
-def dppo_kl_bounds(
-    old_logps: Tensor,
-    *,
-    radius: Radius = 0.05,
-    radius_low: Radius | None = None,
-    radius_high: Radius | None = None,
-    solver: str = "auto",
-):
+def dppo_kl_bounds(old_logps, *, radius=0.05, radius_low=None, radius_high=None, solver="auto"):
     """DPPO-Binary-KL: a token may move until `KL(Bern(p) || Bern(q)) = radius` (the Band KL root finder)."""
     return _dppo_bounds(old_logps, "kl", radius, radius_low, radius_high, solver)
 
 
 def relaxed_band_bounds(
-    old_logps: Tensor,
-    *,
-    radius: float = 0.05,
-    divergence: str | Callable = "kl",
-    upper_max: float | None = 10.0,
-    solver: str = "auto",
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.28,
+    old_logps, *, radius=0.05, divergence="kl", upper_max=10.0, solver="auto", epsilon_low=0.2, epsilon_high=0.28
 ):
     """Relaxed Band (BandPO paper's ablation): the union of the Band and Clip-Higher intervals at every p."""
     return _band(old_logps, radius, divergence, solver=solver, upper_max=upper_max, relax=(epsilon_low, epsilon_high))
 
 
-def dcpo_bounds(
-    old_logps: Tensor, *, epsilon_low: float = 0.16, epsilon_high: float = 0.2, upper_max: float | None = 10.0
-):
+def dcpo_bounds(old_logps, *, epsilon_low=0.16, epsilon_high=0.2, upper_max=10.0):
     """DCPO's dynamic bounds: `lower = 1/2 + 1/2 sqrt(max(1 - 4 eps_low / p, 0))`,
     `upper = min(1/2 + 1/2 sqrt(1 + 4 eps_high / p), upper_max)` (docs/policy-losses.md, "DCPO"); `upper_max=None`
     is no cap, as for the Band."""
@@ -148,13 +125,13 @@ def dcpo_bounds(
     return lower, upper
 
 
-def spo_bounds(old_logps: Tensor, *, epsilon: float = 12.5):
+def spo_bounds(old_logps, *, epsilon=12.5):
     """SPO's fixed threshold as ratio bounds `[max(1 - epsilon, 0), 1 + epsilon]`: the ratios past which its gradient
     weight changes sign (docs/policy-losses.md, "SPO and DRPO"). `spo_loss` reads `epsilon = upper - 1` back."""
     return max(1.0 - epsilon, 0.0), 1.0 + epsilon
 
 
-def drpo_bounds(old_logps: Tensor, *, epsilon: float = 12.5):
+def drpo_bounds(old_logps, *, epsilon=12.5):
     """DRPO's token-adaptive threshold `epsilon / p` as ratio bounds `[max(1 - epsilon/p, 0), 1 + epsilon/p]`, i.e.
     the ratios at which `|q - p| = epsilon` (the Binary-TV boundary of radius `epsilon`), computed without gradient in
     float32 or wider and kept finite (`safe_exp`). `spo_loss` reads `epsilon / p = upper - 1` back."""
@@ -163,7 +140,7 @@ def drpo_bounds(old_logps: Tensor, *, epsilon: float = 12.5):
         return (1.0 - adaptive).clamp(min=0.0), 1.0 + adaptive
 
 
-def ipo_bounds(old_logps: Tensor, *, mask_low: Radius = 0.1, mask_high: Radius = 0.1):
+def ipo_bounds(old_logps, *, mask_low=0.1, mask_high=0.1):
     """prime-rl's IPO trust region: a token may move until `p - q = mask_low` (down) or `q - p = mask_high` (up), i.e.
     DPPO-Binary-TV's region with those radii, `r` in `[max(1 - mask_low/p, 0), min(1 + mask_high/p, 1/p)]`."""
     return _dppo_bounds(old_logps, "tv", mask_low, None, mask_high, "torch")
@@ -178,9 +155,7 @@ def _clamp(x: Tensor, lower: Bound, upper: Bound) -> Tensor:
     return torch.clamp(x, lower, upper)
 
 
-def clipped_surrogate_loss(
-    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, delta: float | None = None
-) -> Tensor:
+def clipped_surrogate_loss(log_ratio, advantages, lower, upper, *, delta=None):
     """PPO's clipped surrogate with (per-token) bounds, as TRL writes it: `-min(min(r, delta) A, clamp(r, lower,
     upper) A)`, `delta` TRL's dual clip. In float32 or wider, the ratio capped below overflow (`safe_exp`)."""
     ratio = safe_exp(log_ratio)
@@ -190,7 +165,7 @@ def clipped_surrogate_loss(
     return -torch.min(ratio * advantages, clipped_ratio * advantages)
 
 
-def reweighted_surrogate(log_ratio: Tensor, advantages: Tensor, value: Tensor, weight: Tensor) -> Tensor:
+def reweighted_surrogate(log_ratio, advantages, value, weight):
     """`-A * (sg(value) + sg(weight) * (log_ratio - sg(log_ratio)))`: forward `-A * value`, gradient weight
     `weight`. `value` and `weight` must be finite where `A = 0` (they are, from `safe_exp`)."""
     log_ratio = upcast(log_ratio)
@@ -219,9 +194,7 @@ def clip_regions(log_ratio, advantages, lower, upper):
     return {"LN": below & neg, "HP": above & pos, "LP": below & pos, "HN": above & neg}
 
 
-def dgpo_log_weights(
-    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, n: int = 1, m: float = 2.0
-) -> Tensor:
+def dgpo_log_weights(log_ratio, advantages, lower, upper, *, n=1, m=2.0):
     """`log w` of DGPO (docs/policy-losses.md, "DGPO"), on `grad log pi`: LN `(n+1) log r - n log(1-eps_low)`,
     HP `(m-1)/m log r + log(1+eps_high)/m`, elsewhere `log r`. Only linear maps of `log r` are selected, and the
     single `exp` happens afterwards, so no branch can overflow where it does not apply."""
@@ -233,9 +206,7 @@ def dgpo_log_weights(
     return torch.where(regions["LN"], left, torch.where(regions["HP"], right, log_ratio))
 
 
-def dgpo_loss(
-    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, n: int = 1, m: float = 2.0
-) -> Tensor:
+def dgpo_loss(log_ratio, advantages, lower, upper, *, n=1, m=2.0):
     """DGPO (https://arxiv.org/abs/2603.14389): outside the clip range the weight on `grad pi` decays as `pi^n`
     (left, A < 0) or `pi^(-1/m)` (right, A > 0), continuous at both boundaries. The forward value is the
     surrogate `R` whose gradient gives these weights (DGPO §4; docs/policy-losses.md), which equals the weight `w`
@@ -244,15 +215,13 @@ def dgpo_loss(
     return reweighted_surrogate(log_ratio, advantages, weight, weight)
 
 
-def gppo_loss(log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound) -> Tensor:
+def gppo_loss(log_ratio, advantages, lower, upper):
     """GPPO (Klear-Reasoner): the clip's forward value, but clipped tokens keep the boundary's weight
     (`1 + eps_high` right, `1 - eps_low` left) instead of 0."""
     return ce_gppo_loss(log_ratio, advantages, lower, upper, beta1=1.0, beta2=1.0)
 
 
-def ce_gppo_loss(
-    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, beta1: float = 0.75, beta2: float = 1.0
-) -> Tensor:
+def ce_gppo_loss(log_ratio, advantages, lower, upper, *, beta1=0.75, beta2=1.0):
     """CE-GPPO: as GPPO with the boundary weights scaled, `beta1 (1 - eps_low)` (LN) and `beta2 (1 + eps_high)`
     (HP)."""
     regions = clip_regions(log_ratio, advantages, lower, upper)
@@ -261,9 +230,7 @@ def ce_gppo_loss(
     return reweighted_surrogate(log_ratio, advantages, clip_value(log_ratio, advantages, lower, upper), weight)
 
 
-def aspo_loss(
-    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, c_pos: float = 3.0, c_neg: float = 3.0
-) -> Tensor:
+def aspo_loss(log_ratio, advantages, lower, upper, *, c_pos=3.0, c_neg=3.0):
     """ASPO: positive-advantage tokens use the flipped weight `1/r` on `[1/c_pos, upper]` (`c_pos` below, 0 above);
     negative ones keep `r` on `[lower, c_neg]` (0 below, `c_neg` above). Forward value: the clipped surrogate's."""
     log_ratio_d = upcast(log_ratio.detach())
@@ -284,7 +251,7 @@ def _scaled_bound(scale: float, bound: Bound) -> Bound:
     return min(scale * bound, FLOAT32_MAX)
 
 
-def cispo_loss(log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound) -> Tensor:
+def cispo_loss(log_ratio, advantages, lower, upper):
     """CISPO as the DGPO paper ran it: every token keeps a gradient, with the importance weight clipped on both
     sides, `w = sg(clip(r, lower, upper))` on `grad log pi`; forward value the clipped ratio (docs/policy-losses.md,
     "CISPO", for TRL's one-sided `loss_type="cispo"`)."""
@@ -292,9 +259,7 @@ def cispo_loss(log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound
     return reweighted_surrogate(log_ratio, advantages, weight, weight)
 
 
-def dppo_loss(
-    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, ratio_cap: float | None = 20.0
-) -> Tensor:
+def dppo_loss(log_ratio, advantages, lower, upper, *, ratio_cap=20.0):
     """DPPO-Binary (https://arxiv.org/abs/2602.04879): a token whose update leaves the trust region in the direction
     its advantage pushes (`r > upper` with `A > 0`, `r < lower` with `A < 0`) is masked (weight 0); every other token
     keeps the truncated importance weight `w = min(r, ratio_cap)` on `grad log pi` (`ratio_cap=None`: `w = r`).
@@ -306,9 +271,7 @@ def dppo_loss(
     return reweighted_surrogate(log_ratio, advantages, truncated, weight)
 
 
-def dppo_metrics(
-    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, mask: Tensor, *, ratio_cap: float | None = 20.0
-) -> Counts:
+def dppo_metrics(log_ratio, advantages, lower, upper, mask, *, ratio_cap=20.0):
     """DPPO's metrics (docs/metrics.md) as `(numerator, denominator)` pairs: the share of positive-advantage tokens
     masked above the region (`dppo/masked_pos_share`), of negative-advantage ones masked below it
     (`dppo/masked_neg_share`), and of all tokens whose kept weight the cap truncated (`dppo/truncated_share`)."""
@@ -324,20 +287,24 @@ def dppo_metrics(
     }
 
 
-#: SPO and DRPO clamp `log r` to [-20, 20] before `exp`, as the DRPO authors do: beyond, no gradient.
-SPO_LOG_RATIO_CLAMP = 20.0
+#: SPO, DRPO, CPPO and TRM clamp `log r` to [-20, 20] before `exp`, as their authors (and verl) do: beyond, no
+#: gradient.
+LOG_RATIO_CLAMP = 20.0
+
+
+def _clamped(log_ratio: Tensor) -> Tensor:
+    return upcast(log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
 
 
 def _spo_terms(log_ratio, advantages, upper):
     """`(r, penalty)` of SPO/DRPO with `r = exp(clamp(log r, -20, 20))` (differentiable inside the clamp) and
     `penalty = |A| (r - 1)^2 / (2 eps)`, the threshold `eps = upper - 1` read back from the bounds."""
-    log_ratio = upcast(log_ratio).clamp(-SPO_LOG_RATIO_CLAMP, SPO_LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(_clamped(log_ratio))
     threshold = upper.detach() - 1.0 if torch.is_tensor(upper) else upper - 1.0
     return ratio, advantages.abs() * (ratio - 1.0).square() / (2.0 * threshold)
 
 
-def spo_loss(log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound) -> Tensor:
+def spo_loss(log_ratio, advantages, lower, upper):
     """SPO's quadratic surrogate, `-A r + |A| (r - 1)^2 / (2 eps)`, with the threshold `eps = upper - 1` of the
     bounds: a number for `spo`, the token-adaptive `eps / p` for `drpo`, where the penalty is DRPO's
     `|A| p (r - 1)^2 / (2 eps)`. Gradient weight on `grad log pi`: `r (1 - sign(A) (r - 1) / eps_t)`, i.e.
@@ -355,8 +322,7 @@ def _spo_metrics(prefix: str) -> Callable:
         log_ratio = log_ratio.detach()
         ratio, penalty = _spo_terms(log_ratio, advantages, upper)
         mask = mask.float()
-        clamped = upcast(log_ratio).clamp(-SPO_LOG_RATIO_CLAMP, SPO_LOG_RATIO_CLAMP)
-        below, above = (side.float() * mask for side in _outside(clamped, lower, upper))
+        below, above = (side.float() * mask for side in _outside(_clamped(log_ratio), lower, upper))
         reversed_ = torch.where(advantages > 0, above, torch.where(advantages < 0, below, torch.zeros_like(below)))
         total = mask.sum()
         return {
@@ -370,9 +336,7 @@ def _spo_metrics(prefix: str) -> Callable:
     return metrics
 
 
-def ipo_loss(
-    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, *, kl_tau: float = 1e-3, adv_tau: float = 1.0
-) -> Tensor:
+def ipo_loss(log_ratio, advantages, lower, upper, *, kl_tau=1e-3, adv_tau=1.0):
     """prime-rl's IPO (docs/band-and-dppo.md): a token outside `[lower, upper]` is masked whatever its advantage's
     sign; kept tokens have `-adv_tau * A * r`; every token adds the KL term `kl_tau * (log r)^2`. The ratio and
     `log r` are capped below overflow (`safe_exp`)."""
@@ -391,16 +355,7 @@ def _outside(log_ratio, lower, upper):
     return log_ratio < torch.log(lower_t), log_ratio > torch.log(upper_t)
 
 
-def ipo_metrics(
-    log_ratio: Tensor,
-    advantages: Tensor,
-    lower: Bound,
-    upper: Bound,
-    mask: Tensor,
-    *,
-    kl_tau: float = 1e-3,
-    adv_tau: float = 1.0,
-) -> Counts:
+def ipo_metrics(log_ratio, advantages, lower, upper, mask, *, kl_tau=1e-3, adv_tau=1.0):
     """prime-rl's IPO metrics (docs/metrics.md): the share of masked tokens (`ipo/is_masked`), split by the side they
     left on (`ipo/is_masked_low`, `_high`), and the mean `r - log r - 1` (k3 estimate of the mismatch KL) over masked
     and over kept tokens (`ipo/masked_mismatch_kl`, `ipo/unmasked_mismatch_kl`)."""
@@ -419,9 +374,7 @@ def ipo_metrics(
     }
 
 
-def dgpo_metrics(
-    log_ratio: Tensor, advantages: Tensor, lower: Bound, upper: Bound, mask: Tensor, *, n: int = 1, m: float = 2.0
-) -> Counts:
+def dgpo_metrics(log_ratio, advantages, lower, upper, mask, *, n=1, m=2.0):
     """DGPO's extra metrics (docs/metrics.md) as `(numerator, denominator)` pairs: the share of tokens in each region
     (`dgpo/frac_LN`, `_HP`, `_LP`, `_HN`) and the mean gradient weight in LN and HP (`dgpo/weight_{LN,HP}_mean`)."""
     regions = clip_regions(log_ratio, advantages, lower, upper)
@@ -477,7 +430,7 @@ BAND = (
 )
 
 
-def _check_band_solver_runs(kwargs: Mapping[str, Any], labels: Mapping[str, str], device: str) -> None:
+def _check_band_solver_runs(kwargs, labels, device):
     """A kernel solver (`band_solver="triton"`) must run where training runs: checked when the config is built."""
     reason = solver_unavailable_reason(kwargs["solver"], kwargs.get("divergence", "kl"), device)
     if reason is not None:
@@ -512,57 +465,69 @@ _NO_DUAL_CLIP = {
     "delta": "the dual clip caps the ratio in TRL's clipped surrogate, and this loss does not use that surrogate: it "
     "sets its own per-token weights",
 }
-for _spec in (
-    PolicyLossSpec("clip", clip_bounds, clipped_surrogate_loss, (*_CLIP, DUAL_CLIP)),
-    PolicyLossSpec("band", band_policy_bounds, clipped_surrogate_loss, (*BAND, DUAL_CLIP),
-                   check=_check_band_solver_runs, incompatible=_TOKEN_LEVEL_ONLY),
-    PolicyLossSpec("relaxed_band", relaxed_band_bounds, clipped_surrogate_loss, (*BAND, *_CLIP, DUAL_CLIP),
-                   check=_check_band_solver_runs, incompatible=_TOKEN_LEVEL_ONLY),
-    # DCPO keeps its own cap (10) in training: band_upper_max is the Band's, not DCPO's.
-    PolicyLossSpec("dcpo", dcpo_bounds, clipped_surrogate_loss,
-                   (*_CLIP, Hyperparameter("upper_max", None, UPPER_MAX), DUAL_CLIP), incompatible=_TOKEN_LEVEL_ONLY),
-    PolicyLossSpec("dgpo", clip_bounds, dgpo_loss, (*_CLIP, *_DGPO), metrics=dgpo_metrics, incompatible=_NO_DUAL_CLIP),
-    # Band x DGPO (docs/extensions.md): DGPO's decay outside the Band bounds instead of the clip interval.
-    PolicyLossSpec("band_dgpo", band_policy_bounds, dgpo_loss, (*BAND, *_DGPO), metrics=dgpo_metrics,
-                   check=_check_band_solver_runs, incompatible=_NO_DUAL_CLIP),
-    PolicyLossSpec("gppo", clip_bounds, gppo_loss, _CLIP, incompatible=_NO_DUAL_CLIP),
-    PolicyLossSpec("cispo", clip_bounds, cispo_loss, _CLIP, incompatible=_NO_DUAL_CLIP),
-    PolicyLossSpec("ce_gppo", clip_bounds, ce_gppo_loss, (*_CLIP, Hyperparameter("beta1", "ce_gppo_beta1", _SCALE),
-                   Hyperparameter("beta2", "ce_gppo_beta2", _SCALE)), incompatible=_NO_DUAL_CLIP),
-    PolicyLossSpec("aspo", clip_bounds, aspo_loss, (*_CLIP, Hyperparameter("c_pos", "aspo_c_pos", _WEIGHT_CAP),
-                   Hyperparameter("c_neg", "aspo_c_neg", _WEIGHT_CAP)), incompatible=_NO_DUAL_CLIP),
-    # DPPO-Binary (docs/band-and-dppo.md): radii as the authors trained, 0.15 (TV) and 0.05 (KL).
-    PolicyLossSpec("dppo_tv", dppo_tv_bounds, dppo_loss,
-                   (Hyperparameter("radius", "dppo_tv_radius", check_radius_value), *_DPPO_SIDES),
-                   metrics=dppo_metrics, incompatible=_NO_DUAL_CLIP),
-    PolicyLossSpec("dppo_kl", dppo_kl_bounds, dppo_loss,
-                   (Hyperparameter("radius", "dppo_kl_radius", check_radius_value), *_DPPO_SIDES,
-                    Hyperparameter("solver", "band_solver", SOLVER)),
-                   metrics=dppo_metrics, check=_check_band_solver_runs, incompatible=_NO_DUAL_CLIP),
-    # SPO and DRPO (docs/policy-losses.md, "SPO and DRPO"): threshold 12.5 as the DRPO authors trained both.
-    PolicyLossSpec("spo", spo_bounds, spo_loss, (Hyperparameter("epsilon", "spo_epsilon", _THRESHOLD),),
-                   metrics=_spo_metrics("spo"), incompatible=_NO_DUAL_CLIP),
-    PolicyLossSpec("drpo", drpo_bounds, spo_loss, (Hyperparameter("epsilon", "drpo_epsilon", _THRESHOLD),),
-                   metrics=_spo_metrics("drpo"), incompatible=_NO_DUAL_CLIP),
-    # prime-rl's IPO (docs/band-and-dppo.md), with the defaults of its `IPOLossConfig`.
-    PolicyLossSpec("ipo", ipo_bounds, ipo_loss,
-                   (Hyperparameter("mask_low", "ipo_mask_low", check_radius_value),
-                    Hyperparameter("mask_high", "ipo_mask_high", check_radius_value),
-                    Hyperparameter("kl_tau", "ipo_kl_tau", _SCALE), Hyperparameter("adv_tau", "ipo_adv_tau", _SCALE)),
-                   metrics=ipo_metrics, incompatible=_NO_DUAL_CLIP),
-):  # fmt: skip
-    register_policy_loss(_spec)
+
+
+def _register(name, bounds, loss, hyperparameters, metrics=None, **options):
+    """Register a built-in loss: one that keeps TRL's dual clip refuses only GSPO's sequence-level ratio, any other
+    the dual clip too; a Band solver setting is checked to run where training runs."""
+    dual_clip = DUAL_CLIP in hyperparameters
+    options.setdefault("incompatible", _TOKEN_LEVEL_ONLY if dual_clip else _NO_DUAL_CLIP)
+    if any(hp.name == "solver" for hp in hyperparameters):
+        options["check"] = _check_band_solver_runs
+    register_policy_loss(PolicyLossSpec(name, bounds, loss, hyperparameters, metrics, **options))
+
+
+_register("clip", clip_bounds, clipped_surrogate_loss, (*_CLIP, DUAL_CLIP), incompatible={})
+_register("band", band_policy_bounds, clipped_surrogate_loss, (*BAND, DUAL_CLIP))
+_register("relaxed_band", relaxed_band_bounds, clipped_surrogate_loss, (*BAND, *_CLIP, DUAL_CLIP))
+# DCPO keeps its own cap (10) in training: band_upper_max is the Band's, not DCPO's.
+_DCPO_CAP = Hyperparameter("upper_max", None, UPPER_MAX)
+_register("dcpo", dcpo_bounds, clipped_surrogate_loss, (*_CLIP, _DCPO_CAP, DUAL_CLIP))
+_register("dgpo", clip_bounds, dgpo_loss, (*_CLIP, *_DGPO), dgpo_metrics)
+# Band x DGPO (docs/extensions.md): DGPO's decay outside the Band bounds instead of the clip interval.
+_register("band_dgpo", band_policy_bounds, dgpo_loss, (*BAND, *_DGPO), dgpo_metrics)
+_register("gppo", clip_bounds, gppo_loss, _CLIP)
+_register("cispo", clip_bounds, cispo_loss, _CLIP)
+_BETAS = (Hyperparameter("beta1", "ce_gppo_beta1", _SCALE), Hyperparameter("beta2", "ce_gppo_beta2", _SCALE))
+_register("ce_gppo", clip_bounds, ce_gppo_loss, (*_CLIP, *_BETAS))
+_ASPO_CAPS = (
+    Hyperparameter("c_pos", "aspo_c_pos", _WEIGHT_CAP),
+    Hyperparameter("c_neg", "aspo_c_neg", _WEIGHT_CAP),
+)
+_register("aspo", clip_bounds, aspo_loss, (*_CLIP, *_ASPO_CAPS))
+# DPPO-Binary (docs/band-and-dppo.md): radii as the authors trained, 0.15 (TV) and 0.05 (KL).
+_TV_RADIUS = Hyperparameter("radius", "dppo_tv_radius", check_radius_value)
+_register("dppo_tv", dppo_tv_bounds, dppo_loss, (_TV_RADIUS, *_DPPO_SIDES), dppo_metrics)
+_KL_RADIUS = Hyperparameter("radius", "dppo_kl_radius", check_radius_value)
+_KL_SOLVER = Hyperparameter("solver", "band_solver", SOLVER)
+_register("dppo_kl", dppo_kl_bounds, dppo_loss, (_KL_RADIUS, *_DPPO_SIDES, _KL_SOLVER), dppo_metrics)
+# SPO and DRPO (docs/policy-losses.md, "SPO and DRPO"): threshold 12.5 as the DRPO authors trained both.
+for _name, _bounds in (("spo", spo_bounds), ("drpo", drpo_bounds)):
+    _epsilon = Hyperparameter("epsilon", f"{_name}_epsilon", _THRESHOLD)
+    _register(_name, _bounds, spo_loss, (_epsilon,), _spo_metrics(_name))
+# prime-rl's IPO (docs/band-and-dppo.md), with the defaults of its `IPOLossConfig`.
+_IPO = (
+    Hyperparameter("mask_low", "ipo_mask_low", check_radius_value),
+    Hyperparameter("mask_high", "ipo_mask_high", check_radius_value),
+    Hyperparameter("kl_tau", "ipo_kl_tau", _SCALE),
+    Hyperparameter("adv_tau", "ipo_adv_tau", _SCALE),
+)
+_register("ipo", ipo_bounds, ipo_loss, _IPO, ipo_metrics)
 
 # -- Masking trust regions (docs/policy-losses.md, "Masking trust regions"): CPPO, TRM and M2PO see the sequence or
 # micro-batch through the loss API's `mask` (`(B, T)`, 1 on the tokens that count: the others take no part, so padding
 # changes nothing); IcePop is per token. Each is a keep rule (`*_keep`, bool, no gradient) and a loss: kept tokens
 # have their base term, masked ones 0 (never `inf * 0`), in TRL's normaliser still.
 
-LOG_RATIO_CLAMP = 20.0  # CPPO and TRM clamp log r to [-20, 20], as their authors (and verl) do
-
 
 def _kept(keep: Tensor, term: Tensor) -> Tensor:
     return torch.where(keep, term, torch.zeros_like(term))
+
+
+def _kept_surrogate(keep, log_ratio, advantages, lower, upper, delta):
+    """TRM, M2PO and IcePop: the clipped surrogate (TRL's `epsilon`, `epsilon_high`, `delta`) on the kept tokens, 0
+    on the masked ones."""
+    return _kept(keep, clipped_surrogate_loss(log_ratio, advantages, lower, upper, delta=delta))
 
 
 def _masked_share(prefix: str, keep: Tensor, mask: Tensor) -> Counts:
@@ -583,7 +548,7 @@ def cppo_keep(log_ratio, advantages, mask, old_logps, *, radius=0.2, w_min=0.8, 
     log_ratio, old_logps = upcast(log_ratio.detach()), upcast(old_logps.detach())
     divergence = (torch.exp(old_logps + log_ratio) - torch.exp(old_logps)).abs()
     # r - 1 as the authors round it (exp, then - 1): a log-ratio one ulp above 0 counts as r = 1, toward p
-    toward = advantages * (torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)) - 1) <= 0
+    toward = advantages * (torch.exp(_clamped(log_ratio)) - 1) <= 0
     counted = mask > 0
     length = counted.sum(-1, keepdim=True)
     position = counted.cumsum(-1) - 1  # 0-based among the counted tokens
@@ -610,13 +575,12 @@ def cppo_loss(log_ratio, advantages, lower, upper, *, mask, old_logps, radius=0.
     weight `r` on a kept token, 0 on a masked one. `lower`/`upper` (DPPO-TV's region of `radius`) only feed the
     clip-ratio metrics."""
     keep = cppo_keep(log_ratio, advantages, mask, old_logps, radius=radius, w_min=w_min, rate_min=rate_min)
-    ratio = torch.exp(upcast(log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    return _kept(keep, -advantages * ratio)
+    return _kept(keep, -advantages * torch.exp(_clamped(log_ratio)))
 
 
-def cppo_metrics(log_ratio, advantages, lower, upper, mask, *, old_logps, radius=0.2, w_min=0.8, rate_min=0.02):
+def cppo_metrics(log_ratio, advantages, lower, upper, mask, *, old_logps, **options):
     """`cppo/masked_share`: counted tokens the budget masks (the authors' `masked_fraction`)."""
-    keep = cppo_keep(log_ratio, advantages, mask, old_logps, radius=radius, w_min=w_min, rate_min=rate_min)
+    keep = cppo_keep(log_ratio, advantages, mask, old_logps, **options)
     return _masked_share("cppo", keep, mask)
 
 
@@ -629,7 +593,7 @@ def trm_keep(log_ratio, mask, *, divergence="k3", reduce="mean", threshold=0.01)
     `k1 = -x` per counted token, reduced over the sequence by its `max` or masked `mean` (0 for a sequence without
     counted tokens); the sequence is kept when the statistic is at most `threshold` (`|statistic|` for `k1`: the
     symmetric band of verl's `seq_mean_k1` with threshold `e^threshold`; `max` of `k1` is `max |x|`)."""
-    x = upcast(log_ratio.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    x = _clamped(log_ratio.detach())
     token = torch.expm1(x) - x if divergence == "k3" else -x
     counted = mask > 0
     if reduce == "max":
@@ -643,20 +607,14 @@ def trm_keep(log_ratio, mask, *, divergence="k3", reduce="mean", threshold=0.01)
 
 
 def trm_loss(log_ratio, advantages, lower, upper, *, mask, divergence="k3", reduce="mean", threshold=0.01, delta=None):
-    """TRM: the clipped surrogate (TRL's `epsilon`, `epsilon_high`, `delta`) on the tokens of kept sequences, 0
-    elsewhere."""
     keep = trm_keep(log_ratio, mask, divergence=divergence, reduce=reduce, threshold=threshold)
-    return _kept(keep, clipped_surrogate_loss(log_ratio, advantages, lower, upper, delta=delta))
+    return _kept_surrogate(keep, log_ratio, advantages, lower, upper, delta)
 
 
-def trm_metrics(
-    log_ratio, advantages, lower, upper, mask, *, divergence="k3", reduce="mean", threshold=0.01, delta=None
-):
+def trm_metrics(log_ratio, advantages, lower, upper, mask, *, delta=None, **options):
     """`trm/masked_share` (counted tokens) and `trm/sequence_masked_share` (sequences with counted tokens)."""
-    keep, sequences = (
-        trm_keep(log_ratio, mask, divergence=divergence, reduce=reduce, threshold=threshold),
-        mask.any(-1),
-    )
+    keep = trm_keep(log_ratio, mask, **options)
+    sequences = mask.any(-1)
     return {
         **_masked_share("trm", keep, mask),
         "trm/sequence_masked_share": ((~keep[:, 0] & sequences).sum(), sequences.sum()),
@@ -687,10 +645,8 @@ def m2po_keep(log_ratio, mask, *, threshold=0.04) -> Tensor:
 
 
 def m2po_loss(log_ratio, advantages, lower, upper, *, mask, threshold=0.04, delta=None):
-    """M2PO: the clipped surrogate (TRL's `epsilon`, `epsilon_high`, `delta`) on the kept tokens, 0 on the masked
-    ones."""
-    surrogate = clipped_surrogate_loss(log_ratio, advantages, lower, upper, delta=delta)
-    return _kept(m2po_keep(log_ratio, mask, threshold=threshold), surrogate)
+    keep = m2po_keep(log_ratio, mask, threshold=threshold)
+    return _kept_surrogate(keep, log_ratio, advantages, lower, upper, delta)
 
 
 def m2po_metrics(log_ratio, advantages, lower, upper, mask, *, threshold=0.04, delta=None):
@@ -714,10 +670,8 @@ def icepop_keep(log_ratio, *, low=0.5, high=5.0) -> Tensor:
 
 
 def icepop_loss(log_ratio, advantages, lower, upper, *, low=0.5, high=5.0, delta=None):
-    """IcePop: the clipped surrogate (TRL's `epsilon`, `epsilon_high`, `delta`) on the kept tokens, 0 on the masked
-    ones."""
-    surrogate = clipped_surrogate_loss(log_ratio, advantages, lower, upper, delta=delta)
-    return _kept(icepop_keep(log_ratio, low=low, high=high), surrogate)
+    keep = icepop_keep(log_ratio, low=low, high=high)
+    return _kept_surrogate(keep, log_ratio, advantages, lower, upper, delta)
 
 
 def icepop_metrics(log_ratio, advantages, lower, upper, mask, *, low=0.5, high=5.0, delta=None):
@@ -731,7 +685,7 @@ def icepop_metrics(log_ratio, advantages, lower, upper, mask, *, low=0.5, high=5
     }
 
 
-def _check_icepop_interval(kwargs, labels, device) -> None:
+def _check_icepop(kwargs, labels, device) -> None:
     if not kwargs["low"] < kwargs["high"]:
         raise ValueError(f"{labels['low']} ({kwargs['low']!r}) must be below {labels['high']} ({kwargs['high']!r}).")
 
@@ -748,20 +702,17 @@ _TRM = (
     Hyperparameter("threshold", "trm_threshold", _POSITIVE),
 )
 _ICEPOP = (
+    *_CLIP,
     Hyperparameter("low", "icepop_low", _UNIT),
     Hyperparameter("high", "icepop_high", Number(low=1, high=FLOAT32_MAX)),
+    DUAL_CLIP,
 )
-for _spec in (
-    PolicyLossSpec("cppo", cppo_bounds, cppo_loss, _CPPO, metrics=cppo_metrics, incompatible=_NO_DUAL_CLIP),
-    # TRM, M2PO and IcePop keep TRL's clipped surrogate, dual clip included, on the tokens they keep.
-    PolicyLossSpec("trm", clip_bounds, trm_loss, (*_CLIP, *_TRM, DUAL_CLIP), metrics=trm_metrics,
-                   incompatible=_TOKEN_LEVEL_ONLY),
-    PolicyLossSpec("m2po", clip_bounds, m2po_loss, (*_CLIP, Hyperparameter("threshold", "m2po_threshold", _POSITIVE),
-                   DUAL_CLIP), metrics=m2po_metrics, incompatible=_TOKEN_LEVEL_ONLY),
-    PolicyLossSpec("icepop", clip_bounds, icepop_loss, (*_CLIP, *_ICEPOP, DUAL_CLIP), metrics=icepop_metrics,
-                   check=_check_icepop_interval, incompatible=_TOKEN_LEVEL_ONLY),
-):  # fmt: skip
-    register_policy_loss(_spec)
+_register("cppo", cppo_bounds, cppo_loss, _CPPO, cppo_metrics)
+# TRM, M2PO and IcePop keep TRL's clipped surrogate, dual clip included, on the tokens they keep.
+_register("trm", clip_bounds, trm_loss, (*_CLIP, *_TRM, DUAL_CLIP), trm_metrics)
+_M2PO = Hyperparameter("threshold", "m2po_threshold", _POSITIVE)
+_register("m2po", clip_bounds, m2po_loss, (*_CLIP, _M2PO, DUAL_CLIP), m2po_metrics)
+_register("icepop", clip_bounds, icepop_loss, _ICEPOP, icepop_metrics, check=_check_icepop)
 
 #: The built-in policy losses (`registered_policy_losses()` also lists any registered later).
 POLICY_LOSSES = tuple(registered_policy_losses())

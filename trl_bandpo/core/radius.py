@@ -74,8 +74,8 @@ def radius_statistics(radius: torch.Tensor, entropies: torch.Tensor, mask: torch
     r, h = radius[keep].double(), entropies.detach()[keep].double()
     if r.numel() == 0:
         return torch.tensor([0.0] * 6 + [float("inf"), float("-inf")], dtype=torch.float64, device=radius.device)
-    sums = torch.stack([torch.tensor(float(r.numel()), device=r.device, dtype=torch.float64), r.sum(), h.sum(),
-                        (r * r).sum(), (h * h).sum(), (r * h).sum()])  # fmt: skip
+    moments = (r, h, r * r, h * h, r * h)
+    sums = torch.stack([r.new_tensor(float(r.numel())), *(x.sum() for x in moments)])
     return torch.cat([sums, r.min().reshape(1), r.max().reshape(1)])
 
 

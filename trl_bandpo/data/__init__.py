@@ -9,32 +9,12 @@ Every loader returns a `datasets.Dataset` with three string-valued columns:
 * ``solution``: the ground-truth final answer (what the reward compares the model's answer with),
 * ``data_source``: the registry name or file the row came from.
 
-Datasets come from the Hugging Face Hub by registry name (`DATASETS`) or from local JSONL/JSON/Parquet/CSV files
+Datasets come from the Hugging Face Hub by registry name (`DATASETS`: hub id, configurations, split and columns of
+each, from the dataset cards and the authors' data-preparation scripts) or from local JSONL/JSON/Parquet/CSV files
 (and ``save_to_disk`` folders), read with every answer exactly as written (`trl_bandpo.data.files`). A dataset of
 which no row is usable is an error that counts the dropped rows per reason; a Hub dataset that cannot be reached is
 one error that says how to pass a local file instead. `drop_long_prompts` drops prompts longer than a number of
 tokens, as the trainer will see them (`trl_bandpo.data.lengths`).
-
-Hub ids, configurations, splits and columns (from the dataset cards and the authors' data-preparation scripts;
-override the split and columns with the keyword arguments of `load_math_dataset`):
-
-========================  ==================================  =======  =====  =============  =========================
-name                      hub id                              config   split  problem        answer
-========================  ==================================  =======  =====  =============  =========================
-dapo-math-17k             open-r1/DAPO-Math-17k-Processed     en       train  prompt         solution
-math-level3to5            nlile/hendrycks-MATH-benchmark      -        train  problem        answer (levels 3-5)
-dapo-math-17k-original    BytedTsinghua-SIA/DAPO-Math-17k     -        train  prompt (chat)  reward_model.ground_truth
-math-level3to5-lighteval  DigitalLearningGmbH/MATH-lighteval  default  train  problem        solution (last \boxed{})
-hendrycks-math-level3to5  EleutherAI/hendrycks_math           7 subj.  train  problem        solution (last \boxed{})
-aime2024                  HuggingFaceH4/aime_2024             -        train  problem        answer
-aime2025                  yentinglin/aime_2025                -        train  problem        answer
-amc2023                   math-ai/amc23                       -        test   question       answer
-math500                   HuggingFaceH4/MATH-500              -        test   problem        answer
-minerva                   math-ai/minervamath                 -        test   question       answer
-olympiadbench             math-ai/olympiadbench               -        test   question       final_answer (joined)
-aime2024-math-ai          math-ai/aime24                      -        test   problem        solution (\boxed{answer})
-aime2025-math-ai          math-ai/aime25                      -        test   problem        answer
-========================  ==================================  =======  =====  =============  =========================
 
 BandPO trains on its authors' two sources merged (`TRAINING_MIXES["bandpo"]`): DAPO-Math-17k in English only (the
 ``en`` configuration of open-r1's de-duplicated copy, about 14.1k problems) and the problems of levels 3, 4 and 5 of

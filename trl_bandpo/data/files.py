@@ -103,16 +103,9 @@ def _slice(rows: list[dict[str, Any]], split: str | None, path: Path) -> list[di
 
 
 def read_local(path: Path, split: str | None = None):
-    """Rows of a local file or ``save_to_disk`` folder.
-
-    Args:
-        path: a .jsonl/.json/.csv/.parquet file or a folder written by ``Dataset.save_to_disk``.
-        split: split of a folder holding a ``DatasetDict`` (default "train", else its first); for a file, the
-            "train" split or a slice of it (``"train[:50]"``).
-
-    Returns:
-        A list of row dicts (JSON, CSV: values as written) or a `datasets.Dataset` (Parquet, folders).
-    """
+    """Rows of a .jsonl/.json/.csv/.parquet file or ``save_to_disk`` folder: a list of row dicts (JSON, CSV: values
+    as written) or a `datasets.Dataset` (Parquet, folders). `split`: of a folder holding a ``DatasetDict`` (default
+    "train", else its first); for a file, the "train" split or a slice of it (``"train[:50]"``)."""
     if path.is_dir():
         import datasets
 
@@ -134,10 +127,8 @@ def read_local(path: Path, split: str | None = None):
         raise ValueError(
             f"name_or_path={str(path)!r}: unsupported file type {path.suffix!r}; use one of {sorted(LOCAL_FORMATS)}"
         )
-    if builder == "json":
-        return _slice(_read_json(path), split, path)
-    if builder == "csv":
-        return _slice(_read_csv(path), split, path)
+    if builder in ("json", "csv"):
+        return _slice((_read_json if builder == "json" else _read_csv)(path), split, path)
     import datasets
     import pyarrow
 

@@ -48,22 +48,9 @@ def _check_prompts(prompts: Any) -> list[Any]:
 def prompt_lengths(
     prompts: Sequence[Any], tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None
 ) -> list[int]:
-    """The number of tokens of each prompt as the trainer tokenizes it.
-
-    Args:
-        prompts (`Sequence`):
-            Conversational prompts (lists of ``{"role", "content"}`` messages) or plain strings.
-        tokenizer (`PreTrainedTokenizerBase` or `str`):
-            The model's tokenizer, or the model folder / Hub id to load it from.
-        chat_template_kwargs (`Mapping`, *optional*):
-            Extra arguments of the chat template (e.g. ``{"enable_thinking": False}``), as `GRPOConfig` passes them.
-
-    Returns:
-        `list[int]`: one length per prompt.
-
-    Raises:
-        ValueError: a malformed prompt (neither a string nor a list of messages), named by its index.
-    """
+    """The number of tokens of each prompt (a string or a list of ``{"role", "content"}`` messages) as the trainer
+    tokenizes it. `tokenizer` may be a model folder or Hub id; `chat_template_kwargs` as `GRPOConfig` passes them.
+    ValueError names the first malformed prompt by its index."""
     prompts = _check_prompts(prompts)
     if isinstance(tokenizer, (str, os.PathLike)):  # a model folder or Hub id
         from transformers import AutoTokenizer
@@ -76,14 +63,11 @@ def prompt_lengths(
         conversational = [_is_conversation(prompt) for prompt in batch]
         chats = [prompt for prompt, is_chat in zip(batch, conversational) if is_chat]
         texts = [prompt for prompt, is_chat in zip(batch, conversational) if not is_chat]
-        chat_ids = []
+        chat_ids, text_ids = iter([]), iter(tokenizer(text=texts)["input_ids"] if texts else [])
         if chats:
-            chat_ids = tokenizer.apply_chat_template(
-                chats, add_generation_prompt=True, tokenize=True, return_dict=True, **kwargs
-            )["input_ids"]
-        text_ids = tokenizer(text=texts)["input_ids"] if texts else []
-        chat_iter, text_iter = iter(chat_ids), iter(text_ids)
-        lengths.extend(len(next(chat_iter) if is_chat else next(text_iter)) for is_chat in conversational)
+            encoded = tokenizer.apply_chat_template(chats, add_generation_prompt=True, return_dict=True, **kwargs)
+            chat_ids = iter(encoded["input_ids"])
+        lengths.extend(len(next(chat_ids) if is_chat else next(text_ids)) for is_chat in conversational)
     return lengths
 
 
@@ -97,27 +81,10 @@ def drop_long_prompts(
     field: str = "max_tokens",
     label: str = "dataset",
 ):
-    """Drop the rows whose prompt is longer than `max_tokens` tokens, as the BandPO authors' scripts do at 1,024.
-
-    Args:
-        dataset (`datasets.Dataset`):
-            A prompt dataset (a ``prompt`` column of conversations or strings).
-        tokenizer (`PreTrainedTokenizerBase` or `str`):
-            The tokenizer of the model to train, or its folder / Hub id.
-        max_tokens (`int` or `None`):
-            The longest prompt kept, in tokens (chat template and generation prompt included). `None` keeps all.
-        chat_template_kwargs (`Mapping`, *optional*):
-            Extra arguments of the chat template, as in `GRPOConfig.chat_template_kwargs`.
-        prompt_column (`str`, *optional*, defaults to `"prompt"`):
-            The column holding the prompts.
-        field (`str`, *optional*, defaults to `"max_tokens"`):
-            The setting to name in messages (e.g. ``"max_prompt_tokens"`` for a recipe field).
-        label (`str`, *optional*, defaults to `"dataset"`):
-            What the dataset is, for messages (e.g. ``"training set"``).
-
-    Returns:
-        `datasets.Dataset`: the rows whose prompt has at most `max_tokens` tokens (`dataset` itself when none is
-        dropped or `max_tokens` is `None`). How many were dropped is logged.
+    """The rows of `dataset` whose prompt (in `prompt_column`) has at most `max_tokens` tokens, chat template and
+    generation prompt included (`prompt_lengths`), as the BandPO authors' scripts keep at 1,024; `dataset` itself
+    when `max_tokens` is None or nothing is dropped. How many were dropped is logged. `field` and `label` are how
+    messages name the setting (e.g. a recipe field) and the dataset (e.g. ``"training set"``).
 
     Raises:
         ValueError: `max_tokens` is not a positive integer, `prompt_column` is missing, or every prompt is longer
@@ -138,13 +105,10 @@ def drop_long_prompts(
             f"{min(lengths)} tokens, longest {max(lengths)}, chat template included). Set {field} to at least "
             f"{min(lengths)}, or to null to keep every prompt."
         )
-    dropped = len(lengths) - len(keep)
+    dropped, setting = len(lengths) - len(keep), f"{field}={max_tokens}"
     if not dropped:
-        logger.info("%s=%d: all %d prompts of the %s fit (longest %d tokens)", field, max_tokens, len(lengths),
-                    label, max(lengths))  # fmt: skip
+        logger.info("%s: all %d prompts of the %s fit (longest %d tokens)", setting, len(keep), label, max(lengths))
         return dataset
-    logger.info(
-        "%s=%d: dropped %d of %d prompts of the %s longer than %d tokens (longest %d); %d kept",
-        field, max_tokens, dropped, len(lengths), label, max_tokens, max(lengths), len(keep),
-    )  # fmt: skip
+    summary = f"dropped {dropped} of {len(lengths)} prompts of the {label} longer than {max_tokens} tokens"
+    logger.info("%s: %s (longest %d); %d kept", setting, summary, max(lengths), len(keep))
     return dataset.select(keep)

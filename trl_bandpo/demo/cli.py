@@ -14,20 +14,16 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+# the modules, not the package: `from . import` would import `trl_bandpo.demo`, which imports this module
+import trl_bandpo.demo.report as report
+import trl_bandpo.demo.runs as runs
+import trl_bandpo.demo.task as task
+
 from ..core.band import RADIUS
 from ..core.checks import Choice, Integer, Number, refuse
 from .figure import plot_figure
-from .report import format_number, jsonable, observations, summarize_history, summary_markdown, write_metrics_csv
-from .runs import DEFAULT_METHODS, METHOD_PRESETS, method_config, method_settings, train_method
+from .runs import train_method
 from .sft import warm_start
-from .task import (
-    CHAT_QUESTION,
-    correctness_reward,
-    evaluate_accuracy,
-    last_number_reward,
-    make_problems,
-    max_completion_tokens,
-)
 
 #: The numeric flags, by argument group: (flag, default, the check of its value, help). Each value is checked when
 #: the arguments are parsed, before any work, with the message of `trl_bandpo.core.checks`.
@@ -73,14 +69,7 @@ PRETRAINED_DEFAULTS = {
     "num_eval": 20, "eval_samples": 2, "threads": 0,
 }  # fmt: skip
 #: Flags of the tiny model and its warm start, refused with ``--model``.
-_TINY_ONLY = (
-    "--hidden-size",
-    "--num-layers",
-    "--warmup-steps",
-    "--warmup-target",
-    "--warmup-lr",
-    "--warmup-batch-size",
-)
+_TINY_ONLY = ("--hidden-size", "--num-layers", *(f[0] for f in _NUMERIC_FLAGS["supervised warm start"]))
 #: Most completion tokens of the chat task: room for a short sentence ending on the sum.
 CHAT_COMPLETION_TOKENS = 16
 
@@ -93,7 +82,7 @@ def method_names() -> list[str]:
     """Every method the demo runs: the named presets, then every other built-in policy loss by its own name."""
     from ..core.losses import POLICY_LOSSES
 
-    return [*METHOD_PRESETS, *(name for name in POLICY_LOSSES if name not in METHOD_PRESETS)]
+    return [*runs.METHOD_PRESETS, *(name for name in POLICY_LOSSES if name not in runs.METHOD_PRESETS)]
 
 
 def _method_list(values) -> list[str]:
@@ -111,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         "defaults take about two minutes on 2 idle CPU cores (more on a busy machine).",
     )  # fmt: skip
     parser.add_argument(
-        "--methods", nargs="+", default=list(DEFAULT_METHODS), metavar="METHOD",
+        "--methods", nargs="+", default=list(runs.DEFAULT_METHODS), metavar="METHOD",
         help=f"Methods to compare (space or comma separated), any of: {', '.join(method_names())} (the "
         "trl_bandpo.demo docstring defines them). Observations compare each with the first method, or with grpo "
         "when it is in the list.",
@@ -129,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         group = parser.add_argument_group(title) if title else parser
         for flag, default, check, text in flags:
             kind = int if isinstance(check, Integer) else float
-            group.add_argument(flag, type=kind, default=default, help=f"{text} Allowed: {check.allowed}.")
+            text = f"{text} Allowed: {check.allowed}."
+            group.add_argument(flag, type=kind, default=default, help=text)
     return parser
 
 
@@ -144,11 +134,11 @@ def _check_args(args) -> tuple[dict, list, list]:
     if args.hidden_size % 8:
         refuse("--hidden-size", "a multiple of 8 (4 attention heads of even size)", args.hidden_size)
     methods = Choice(tuple(method_names()))
-    settings = {name: method_settings(methods(name, "--methods"), args.band_radius) for name in args.methods}
+    settings = {name: runs.method_settings(methods(name, "--methods"), args.band_radius) for name in args.methods}
     if not settings:
         refuse("--methods", "at least one method name", " ".join(args.methods))
     chat = args.model is not None
-    train_rows, eval_rows = make_problems(args.max_operand, args.num_prompts, args.num_eval, args.seed, chat=chat)
+    train_rows, eval_rows = task.make_problems(args.max_operand, args.num_prompts, args.num_eval, args.seed, chat=chat)
     if len(train_rows) < args.prompts_per_generation:
         refuse(
             "--prompts-per-generation", f"at most the {len(train_rows)} training prompts", args.prompts_per_generation
@@ -170,7 +160,8 @@ def quiet_libraries():
     from ..training.library_noise import library_noise_filtered
 
     verbosity = transformers.logging.get_verbosity()
-    bars, datasets_bars = transformers.logging.is_progress_bar_enabled(), datasets.is_progress_bar_enabled()
+    bars = transformers.logging.is_progress_bar_enabled()
+    datasets_bars = datasets.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     datasets.disable_progress_bars()
@@ -193,9 +184,11 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.model is not None:
-        given = {word.split("=")[0] for word in (sys.argv[1:] if argv is None else argv) if word.startswith("--")}
-        if given & set(_TINY_ONLY):
-            parser.error(f"{sorted(given & set(_TINY_ONLY))[0]} applies to the tiny model only, not with --model")
+        argv = sys.argv[1:] if argv is None else argv
+        given = {word.split("=")[0] for word in argv if word.startswith("--")}
+        refused = sorted(given & set(_TINY_ONLY))
+        if refused:
+            parser.error(f"{refused[0]} applies to the tiny model only, not with --model")
         for key, value in PRETRAINED_DEFAULTS.items():
             if _flag(key) not in given:
                 setattr(args, key, value)
@@ -208,15 +201,14 @@ def main(argv=None) -> int:
         out = check_output_dir(args.output_dir, "--output-dir")
     except ValueError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
-    max_new_tokens = _max_new_tokens(args)
-    # a pretrained model: float32 (CPU autocast to bf16 is slow without native support), no activation recomputation
-    overrides = {} if args.model is None else {"bf16": False, "gradient_checkpointing": False}
+    overrides = {"max_new_tokens": task.max_completion_tokens(args.max_operand)}
+    if args.model is not None:
+        # float32 (CPU autocast to bf16 is slow without native support), no activation recomputation
+        overrides = {"max_new_tokens": CHAT_COMPLETION_TOKENS, "bf16": False, "gradient_checkpointing": False}
     with quiet_libraries():
         try:  # every value a config refuses, before the warm start
-            configs = {
-                name: method_config(s, out / "runs" / name, args, max_new_tokens, **overrides)
-                for name, s in settings.items()
-            }
+            configs = {name: runs.method_config(s, out / "runs" / name, args, **overrides)
+                       for name, s in settings.items()}  # fmt: skip
         except ValueError as err:
             parser.error(str(err))
         for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
@@ -232,96 +224,90 @@ def main(argv=None) -> int:
             torch.set_num_threads(threads)
 
 
-def _max_new_tokens(args) -> int:
-    return max_completion_tokens(args.max_operand) if args.model is None else CHAT_COMPLETION_TOKENS
-
-
 def _run(args, settings, configs, train_rows, eval_rows, out: Path) -> int:
     """Warm start (or the pretrained model), one RL run per method, then the outputs in `out`; prints the summary."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     total_start = time.time()
-    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, file=sys.stderr, flush=True))
-    max_new_tokens = _max_new_tokens(args)
-    task = "a+b=" if args.model is None else f"{CHAT_QUESTION!r} (chat)"
-    say(f"Task: {task} with a, b < {args.max_operand}; {len(train_rows)} training prompts, {len(eval_rows)} held out.")
+
+    def say(*parts):
+        if not args.quiet:
+            print(*parts, file=sys.stderr, flush=True)
+
+    what = "a+b=" if args.model is None else f"{task.CHAT_QUESTION!r} (chat)"
+    say(f"Task: {what} with a, b < {args.max_operand}; {len(train_rows)} training prompts, {len(eval_rows)} held out.")
 
     # 1. warm start, or the pretrained model (trained with LoRA adapters unless --lora-rank 0)
-    start, reward, peft_config = time.time(), correctness_reward, None
+    start, reward, peft_config = time.time(), task.correctness_reward, None
     if args.model is None:
         model_path, reused, warm_meta = warm_start(train_rows, out / "warmstart", args)
         say(
             f"Warm start {'reused from' if reused else 'saved to'} {model_path}: {warm_meta.get('steps')} SFT "
-            f"steps, probe accuracy {format_number(warm_meta.get('probe_accuracy'))} ({time.time() - start:.1f} s)."
+            f"steps, probe accuracy {report.format_number(warm_meta.get('probe_accuracy'))} "
+            f"({time.time() - start:.1f} s)."
         )
     else:
         from peft import LoraConfig
 
         from ..data.models import resolve_model
 
-        model_path, reused, warm_meta, reward = resolve_model(args.model, say), False, {"steps": 0}, last_number_reward
-        if args.lora_rank:
-            peft_config = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear",
-                                     task_type="CAUSAL_LM")  # fmt: skip
+        model_path, reused = resolve_model(args.model, say), False
+        warm_meta = {"steps": 0}
+        reward, rank = task.last_number_reward, args.lora_rank
+        if rank:
+            peft_config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
     warm_seconds = time.time() - start
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    evaluate = functools.partial(evaluate_accuracy, tokenizer=tokenizer, rows=eval_rows, samples=args.eval_samples,
-                                 seed=args.seed, max_new_tokens=max_new_tokens, reward=reward,
-                                 temperature=args.temperature)  # fmt: skip
-    warm = {
-        **evaluate(AutoModelForCausalLM.from_pretrained(model_path)),
-        "label": "pretrained model" if args.model else "warm start",
-    }
+    evaluate = functools.partial(
+        task.evaluate_accuracy, tokenizer=AutoTokenizer.from_pretrained(model_path), rows=eval_rows, reward=reward,
+        samples=args.eval_samples, seed=args.seed, temperature=args.temperature,
+        max_new_tokens=next(iter(configs.values())).max_completion_length,
+    )  # fmt: skip
+    warm = evaluate(AutoModelForCausalLM.from_pretrained(model_path))
+    warm["label"] = "pretrained model" if args.model else "warm start"
     say(f"Held-out accuracy of the {warm['label']}: greedy {warm['greedy']:.3f}, sampled {warm['sampled']:.3f}.")
 
     # 2. RL per method
     histories, rows, labels = {}, {}, {}
     for name, method in settings.items():
-        labels[name] = method["label"]
+        labels[name] = label = method["label"]
         # One bar per method with its own total: its ETA is this method's, not all methods' at the first one's pace.
-        bar = tqdm(total=args.steps, desc=f"RL {method['label']}", disable=args.quiet, unit="step", dynamic_ncols=True)
+        bar = tqdm(total=args.steps, desc=f"RL {label}", disable=args.quiet, unit="step", dynamic_ncols=True)
         try:
-            trainer, history, seconds = train_method(
-                configs[name], method["label"], model_path, train_rows, bar, reward, peft_config=peft_config
-            )
+            run = train_method(configs[name], label, model_path, train_rows, bar, reward, peft_config=peft_config)
         finally:
             bar.close()
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        accuracy = evaluate(model)
-        histories[name] = history
+        trainer, histories[name], seconds = run
+        accuracy = evaluate(trainer.accelerator.unwrap_model(trainer.model))
         rows[name] = {
-            "method": method["label"],
+            "method": label,
             "policy_loss": method["policy_loss"],
             "settings": {k: v for k, v in method.items() if k != "label"},
             **{f"heldout_acc_{key}": accuracy[key] for key in ("greedy", "sampled", "sampled_se")},
             **{f"heldout_{key}": accuracy[key] for key in ("n_problems", "n_samples")},
             "train_seconds": seconds,
-            **summarize_history(history),
+            **report.summarize_history(histories[name]),
         }
-        del trainer, model
+        del trainer, run
 
     # 3. outputs
-    write_metrics_csv(out / "metrics.csv", histories)
-    updates = args.steps_per_generation * args.num_iterations  # optimizer steps per generation batch
+    report.write_metrics_csv(out / "metrics.csv", histories)
+    # optimizer steps per generation batch
+    updates = args.steps_per_generation * args.num_iterations
     figure = plot_figure(out / "figure.png", histories, labels, args.steps, updates_per_generation=updates)
     reference = "grpo" if "grpo" in rows else next(iter(rows))
+    warm_meta = {k: v for k, v in warm_meta.items() if k != "key"}
     results = {
         "settings": dict(vars(args)),
         "problems": {"train": len(train_rows), "held_out": len(eval_rows)},
-        "warm_start": {
-            **warm,
-            "reused": reused,
-            "seconds": warm_seconds,
-            **{k: v for k, v in warm_meta.items() if k != "key"},
-        },
+        "warm_start": {**warm, "reused": reused, "seconds": warm_seconds, **warm_meta},
         "methods": rows,
         "reference": reference,
-        "observations": observations(rows, reference, warm),
+        "observations": report.observations(rows, reference, warm),
         "figure": "figure.png" if figure else None,
         "total_seconds": time.time() - total_start,
     }
-    summary = summary_markdown(args, results, out)
+    summary = report.summary_markdown(args, results, out)
     (out / "summary.md").write_text(summary)
-    (out / "results.json").write_text(json.dumps(jsonable(results), indent=2))
+    (out / "results.json").write_text(json.dumps(report.jsonable(results), indent=2))
     print(summary)
     return 0

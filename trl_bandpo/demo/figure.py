@@ -64,7 +64,8 @@ def plot_figure(
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    window, pool = max(1, steps // 25), max(2, steps // 10)  # moving average; pooling of the tail share
+    # moving average; pooling of the tail share
+    window, pool = max(1, steps // 25), max(2, steps // 10)
     panels = [
         ("reward", "training reward (mean over the generation batch)"),
         ("entropy", "entropy (nats/token)"),

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..core.metrics import TAIL_PROBABILITY as TAIL_P  # tail tokens: old-token probability below this
+# tail tokens: old-token probability below this
+from ..core.metrics import TAIL_PROBABILITY as TAIL_P
 
 #: (key of a results row, column title) of the summary table.
 _SUMMARY_COLUMNS = (

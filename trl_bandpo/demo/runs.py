@@ -44,7 +44,8 @@ def method_settings(name: str, band_radius: float) -> dict[str, Any]:
         settings = dict(METHOD_PRESETS[name])
     elif name in POLICY_LOSSES:
         settings = {"label": name, "policy_loss": name}
-        if "epsilon" in policy_loss_spec(name).config_fields:  # only where the loss reads them (else it warns)
+        # only where the loss reads them (else it warns)
+        if "epsilon" in policy_loss_spec(name).config_fields:
             settings["epsilon"], settings["epsilon_high"] = _OTHER_EPSILONS.get(name, (0.2, 0.2))
     else:
         raise ValueError(
@@ -54,7 +55,8 @@ def method_settings(name: str, band_radius: float) -> dict[str, Any]:
         settings["band_radius"] = band_radius
     if settings["policy_loss"] == "dppo_kl":
         settings["dppo_kl_radius"] = band_radius
-    if settings.get("band_radius_by") == "entropy":  # radii from delta / 4 to 4 delta, as the extension recipes
+    # radii from delta / 4 to 4 delta, as the extension recipes
+    if settings.get("band_radius_by") == "entropy":
         settings["band_radius_min"], settings["band_radius_max"] = band_radius / 4, band_radius * 4
     return settings
 
@@ -66,7 +68,8 @@ def method_config(settings, run_dir, args, max_new_tokens, **overrides):
     value the config refuses stops the demo at once."""
     from ..training.configs import PolicyLossConfig
 
-    batch = args.prompts_per_generation * args.num_generations  # completions per generation batch
+    # completions per generation batch
+    batch = args.prompts_per_generation * args.num_generations
     fields = dict(
         output_dir=str(run_dir), use_cpu=True, report_to="none", disable_tqdm=True, save_strategy="no",
         logging_steps=1, seed=args.seed, data_seed=args.seed, max_steps=args.steps, learning_rate=args.lr,

@@ -96,7 +96,8 @@ def evaluate_accuracy(model, tokenizer, rows, *, samples: int, seed: int, max_ne
         greedy = reward(run(prompts, False), answers) if greedy else []
         sampled = []
         if samples > 0:
-            with torch.random.fork_rng(devices=[]):  # the global RNG state is restored afterwards
+            # the global RNG state is restored afterwards
+            with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
                 sampled = reward(run(prompts * samples, True), answers * samples)
     model.train(model_was_training)

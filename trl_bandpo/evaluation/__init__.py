@@ -68,21 +68,9 @@ __all__ = [
 def load_benchmarks(
     benchmarks: Mapping[str, Any] | Sequence[str], max_problems: int | None = None, prompt_template: str = "boxed"
 ) -> dict[str, Any]:
-    """The benchmarks `evaluate` runs, loaded by `trl_bandpo.data.load_eval_benchmarks` and checked.
-
-    Args:
-        benchmarks: as for `evaluate`.
-        max_problems: keep only the first problems of each benchmark.
-        prompt_template: "boxed" or "dapo" (`trl_bandpo.data.PROMPT_TEMPLATES`), for benchmarks given by name or
-            path; Datasets passed in a mapping keep their own prompts.
-
-    Returns:
-        dict name -> `datasets.Dataset` with ``prompt`` and ``solution`` and at least one problem.
-
-    Raises:
-        ValueError: a file or folder that is missing, unreadable or without a usable row, a bad column.
-        ConnectionError: a registry benchmark that cannot be loaded from the Hub.
-    """
+    """The benchmarks `evaluate` runs (`trl_bandpo.data.load_eval_benchmarks`; `prompt_template` is not applied to
+    Datasets passed in a mapping), each checked to have ``prompt``, ``solution`` and a problem: dict name -> Dataset.
+    ValueError for a bad file, folder or column, ConnectionError for a registry benchmark the Hub does not give."""
     from ..data import load_eval_benchmarks
 
     Integer(low=1, optional=True)(max_problems, "max_problems")
@@ -98,10 +86,7 @@ def load_benchmarks(
     return datasets_by_name
 
 
-def _sample_and_score(
-    dataset, generate: generation.Generator, prompts_per_call: int | None, num_samples: int, scorer: str,
-    timeout_s: float | None, samples,
-) -> tuple[list[list[bool]], float]:  # fmt: skip
+def _sample_and_score(dataset, generate, prompts_per_call, settings, scorer: str, samples) -> tuple[list, float]:
     """Per-problem correctness of one benchmark, and the seconds spent generating. Each batch is scored as soon as
     it is generated and, when `samples` is a file, appended to it (one line per problem) and flushed."""
     prompts, solutions = dataset["prompt"], dataset["solution"]
@@ -115,8 +100,8 @@ def _sample_and_score(
         golds = solutions[start : start + step]
         flat = [text for group in groups for text in group]
         flat_golds = [gold for gold, group in zip(golds, groups, strict=True) for _ in group]
-        flags = score(scorer, flat, flat_golds, timeout_s=timeout_s)
-        marks = [flags[i * num_samples : (i + 1) * num_samples] for i in range(len(groups))]
+        flags = score(scorer, flat, flat_golds, timeout_s=settings.timeout_s)
+        marks = generation.regroup(flags, settings.num_samples, settings.num_samples)
         correct.extend(marks)
         if samples is not None:
             for row in zip(prompts[start : start + step], golds, groups, marks, strict=True):
@@ -167,29 +152,20 @@ def evaluate(
     Args:
         model_name_or_path: a local model folder or hub id.
         benchmarks: mapping name -> `datasets.Dataset` (with ``prompt`` and ``solution``) or path/registry name,
-            or a list of registry names / local files (see `trl_bandpo.data.load_eval_benchmarks`); default
-            `EvalSettings`'s (AIME 2024, AIME 2025, AMC 2023).
-        settings: every setting as an `EvalSettings`, or
-        **kwargs: its fields as keywords (``num_samples=32``, ``ks``, ``max_new_tokens=4096``, ``temperature=1.0``,
-            ``top_p=1.0``, ``top_k``, ``prompt_template="boxed"``, ``scorer="math_verify"``, ``preset``, ``seed=0``,
-            ``dtype="auto"``, ``batch_size=64``, ``device``, ``max_problems``, ``timeout_s``, ``backend="auto"``;
-            `EvalSettings` describes each), overriding `settings` when both are given. `preset` sets no setting
-            itself (`preset_settings` gives a preset's arguments, ``EvalSettings.from_preset`` its settings), but
-            is recorded and orders the estimators (`estimator_labels`: the one its paper reports first).
-        output_dir: where ``results.json``, ``results.md`` and samples go (None: nothing is written). Created, and
+            or a list of registry names / local files; default `EvalSettings`'s (AIME 2024, AIME 2025, AMC 2023).
+        settings, **kwargs: an `EvalSettings`, and/or its fields as keywords (overriding it). `preset` sets no
+            setting itself (``EvalSettings.from_preset`` does) but is recorded and orders the estimators.
+        output_dir: where ``results.json``, ``results.md`` and samples go (None: nothing is written); created, and
             checked to be writable, before the model is loaded.
-        save_samples: also write ``samples_<benchmark>.jsonl`` with every completion and its score, one line per
-            problem, appended and flushed as each batch is scored (what was generated survives a later failure).
+        save_samples: also write ``samples_<benchmark>.jsonl`` (one line per problem, flushed batch by batch).
         vllm_kwargs: extra ``vllm.LLM`` arguments (``tensor_parallel_size``, ``gpu_memory_utilization``, ...).
 
     Returns:
         ``{"model", "settings", "estimators", "benchmarks": {name: summarize_correctness(...)}}`` (also
-        ``results.json``); ``settings["scorer"]`` is the scorer of each benchmark, ``estimators`` maps
-        ``"pass@k"`` and ``"best@k"`` to their labels in the order results show them (`estimator_labels`).
+        ``results.json``); ``settings["scorer"]`` is the scorer of each benchmark.
 
     Raises:
-        ValueError: a bad setting, output folder or benchmark, found before the model is loaded.
-        ConnectionError: a registry benchmark that cannot be loaded from the Hub (before the model is loaded).
+        ValueError, ConnectionError: a bad setting, output folder or benchmark, found before the model is loaded.
     """
     if benchmarks is not None:
         kwargs["benchmarks"] = benchmarks
@@ -218,17 +194,14 @@ def evaluate(
     for name, dataset in datasets_by_name.items():  # one model load; each benchmark's samples saved as they come
         path = out / f"samples_{name}.jsonl" if out is not None and save_samples else None
         with open(path, "w", encoding="utf-8") if path else contextlib.nullcontext() as samples:
-            correct, seconds = _sample_and_score(
-                dataset, generate, prompts_per_call, settings.num_samples, chosen[name], settings.timeout_s, samples
-            )
+            correct, seconds = _sample_and_score(dataset, generate, prompts_per_call, settings, chosen[name], samples)
         generation_s += seconds
         metrics[name] = summarize_correctness(correct, settings.ks)
 
-    keys = ("preset", "num_samples", "ks", "max_new_tokens", "temperature", "top_p", "top_k", "prompt_template",
-            "truncate_prompt_tokens")  # fmt: skip
+    keys = "preset num_samples ks max_new_tokens temperature top_p top_k prompt_template truncate_prompt_tokens"
     results = {
         "model": model,
-        "settings": {key: getattr(settings, key) for key in keys}
+        "settings": {key: getattr(settings, key) for key in keys.split()}
         | {
             "scorer": chosen,
             "timeout_s": {  # the limit per answer each scorer applies (None for those that take none)

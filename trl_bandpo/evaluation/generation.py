@@ -28,6 +28,12 @@ def render_prompt(tokenizer, prompt: Any, **template_kwargs: Any) -> str:
 Generator = Callable[[list[Any]], list[list[str]]]
 
 
+def regroup(flat: Sequence[Any], per_prompt: int, num_samples: int) -> list[list[Any]]:
+    """`flat` completions, `per_prompt` of each prompt in turn, as `num_samples` per prompt: with one per prompt
+    (greedy decoding, decoded once) it is repeated."""
+    return [list(flat[i : i + per_prompt]) * (num_samples // per_prompt) for i in range(0, len(flat), per_prompt)]
+
+
 def _vllm_generator(model: str, settings: Mapping[str, Any]) -> Generator:
     """One vLLM engine; each call samples `num_samples` completions per prompt (``SamplingParams(n=num_samples)``)."""
     from vllm import LLM, SamplingParams
@@ -36,9 +42,9 @@ def _vllm_generator(model: str, settings: Mapping[str, Any]) -> Generator:
     llm = LLM(model=model, seed=seed, dtype=settings["dtype"], **dict(settings["vllm_kwargs"]))
     tokenizer, keep = llm.get_tokenizer(), settings.get("truncate_prompt_tokens") or 0
     extra = {} if top_k is None else {"top_k": top_k}  # vLLM's default is no top-k
-    greedy = settings["temperature"] == 0  # vLLM refuses n > 1 with greedy decoding: decode once, repeat
+    per_prompt = 1 if settings["temperature"] == 0 else num_samples  # vLLM refuses n > 1 with greedy decoding
     params = SamplingParams(
-        n=1 if greedy else num_samples, temperature=settings["temperature"], top_p=settings["top_p"],
+        n=per_prompt, temperature=settings["temperature"], top_p=settings["top_p"],
         max_tokens=settings["max_new_tokens"], seed=seed, **extra,
     )  # fmt: skip
 
@@ -49,8 +55,8 @@ def _vllm_generator(model: str, settings: Mapping[str, Any]) -> Generator:
             {"prompt_token_ids": tokenizer(render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"][-keep:]}
             for p in prompts
         ]
-        groups = [[choice.text for choice in output.outputs] for output in llm.generate(token_prompts, params)]
-        return [group * num_samples for group in groups] if greedy else groups
+        outputs = llm.generate(token_prompts, params)
+        return regroup([choice.text for output in outputs for choice in output.outputs], per_prompt, num_samples)
 
     return generate
 
@@ -87,26 +93,15 @@ def _transformers_generator(model_name_or_path: str, settings: Mapping[str, Any]
             )  # fmt: skip
         new_tokens = output[:, batch["input_ids"].shape[1] :]  # (prompts * samples_per_call, new tokens)
         decoded = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
-        groups = [decoded[i : i + samples_per_call] for i in range(0, len(decoded), samples_per_call)]
-        return [group * num_samples for group in groups] if greedy else groups
+        return regroup(decoded, samples_per_call, num_samples)
 
     return generate
 
 
 def load_generator(backend: str, model: str, settings: Mapping[str, Any]) -> tuple[Generator, int | None]:
-    """Load the model once.
-
-    Args:
-        backend: "vllm" or "transformers" (see `resolve_backend`).
-        model: model folder or hub id.
-        settings: ``num_samples``, ``max_new_tokens``, ``temperature``, ``top_p``, ``seed``, ``dtype``,
-            ``batch_size``, ``device``, ``vllm_kwargs`` and optionally ``top_k`` (None: no top-k) and
-            ``truncate_prompt_tokens`` (keep the last tokens of each prompt; None: all), as checked by
-            `trl_bandpo.evaluation.EvalSettings`.
-
-    Returns:
-        ``(generate, prompts_per_call)``: `generate` maps a list of prompts to their completions; each call should
-        hold at most `prompts_per_call` prompts (None: any number; vLLM schedules a whole benchmark itself).
+    """Load `model` once on `backend` ("vllm" or "transformers", `resolve_backend`) with `settings` (the fields of
+    an `EvalSettings`, plus ``vllm_kwargs``). Returns ``(generate, prompts_per_call)``: `generate` maps a list of at
+    most `prompts_per_call` prompts (None: any number; vLLM schedules a whole benchmark itself) to their completions.
     """
     if backend == "vllm":
         return _vllm_generator(model, settings), None

@@ -109,8 +109,9 @@ EVAL_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 #: The keys of a preset that are `evaluate` settings (the rest describe it).
-PRESET_SETTINGS = ("benchmarks", "prompt_template", "temperature", "top_p", "top_k", "num_samples", "max_new_tokens",
-                   "scorer", "ks")  # fmt: skip
+PRESET_SETTINGS = tuple(
+    "benchmarks prompt_template temperature top_p top_k num_samples max_new_tokens scorer ks".split()
+)
 
 
 def estimator_labels(preset: str | None = None) -> dict[str, str]:

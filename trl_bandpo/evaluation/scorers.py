@@ -57,13 +57,9 @@ def check_scorer(scorer: Any, argument: str = "scorer") -> str | dict[str, str]:
     A mapping may hold the key ``"*"``: the scorer of every benchmark it does not name.
     """
     allowed = list(SCORERS)
-    if isinstance(scorer, str):
-        if scorer not in SCORERS:
-            raise ValueError(
-                f"{argument} must be one of {allowed} (or a mapping benchmark -> one of them), got {scorer!r}"
-            )
+    if isinstance(scorer, str) and scorer in SCORERS:
         return scorer
-    if not isinstance(scorer, Mapping) or not scorer:
+    if isinstance(scorer, str) or not isinstance(scorer, Mapping) or not scorer:
         raise ValueError(
             f"{argument} must be one of {allowed} or a non-empty mapping benchmark -> one of them, got {scorer!r}"
         )
@@ -89,12 +85,8 @@ def parse_scorer(scorer: Any) -> Any:
 def scorers_for(
     scorer: str | Mapping[str, str], benchmarks: Sequence[str], argument: str = "scorer"
 ) -> dict[str, str]:
-    """The scorer name of each benchmark in `benchmarks` under the checked setting `scorer` (see `check_scorer`).
-
-    Raises:
-        ValueError: a mapping that names neither a benchmark nor ``"*"``; the message names `argument`, the
-            benchmark and what the mapping holds.
-    """
+    """The scorer name of each benchmark in `benchmarks` under the setting `scorer` (see `check_scorer`); ValueError
+    for a benchmark that a mapping names neither by itself nor by ``"*"``."""
     scorer = check_scorer(scorer, argument)
     if isinstance(scorer, str):
         return dict.fromkeys(benchmarks, scorer)
@@ -113,17 +105,8 @@ def scorers_for(
 def score(
     name: str, completions: Sequence[Any], solutions: Sequence[Any], timeout_s: float | None = None
 ) -> list[bool]:
-    """Correctness of each completion under scorer `name`.
-
-    Args:
-        name: a name of `SCORERS`.
-        completions / solutions: N model outputs and their N ground-truth answers.
-        timeout_s: wall-clock limit per answer for ``"math_verify"`` and ``"strict"`` (None: `DEFAULT_TIMEOUTS`);
-            ``"dapo"`` and ``"math_reward"`` ignore it.
-
-    Returns:
-        N booleans.
-    """
+    """Correctness of each completion under scorer `name` (a name of `SCORERS`) against its solution. `timeout_s` is
+    the limit per answer of "math_verify" and "strict" (None: `DEFAULT_TIMEOUTS`); the others ignore it."""
     scorer = SCORERS[check_scorer(name)]
     limit = {} if scorer.timeout_s is None else {"timeout_s": scorer.timeout_s if timeout_s is None else timeout_s}
     return list(scorer.function(completions, solutions, **limit))

@@ -61,25 +61,13 @@ def _setting(default: Any, text: str, **extra: Any) -> Any:
 @dataclass
 class EvalSettings:
     r"""
-    Every setting of an evaluation: what `trl_bandpo.evaluation.evaluate` and ``trl-bandpo eval`` take.
-
-    Each value is checked when the settings are built (ValueError naming the setting as `names` spells it, the value
-    and what is allowed) and normalised: numbers to `float`, `ks` to a sorted list (default: `default_ks`), `scorer`
-    to a name or a mapping keyed by registry names, comma-separated `benchmarks` to a list. A benchmark scored by
-    ``"dapo"`` under the ``"boxed"`` prompt gets a warning.
-
-    Parameters:
-        benchmarks (`list[str]`, *optional*, defaults to `["aime2024", "aime2025", "amc2023"]`):
-            As its help says; in Python also a mapping name -> `datasets.Dataset` or path.
-        preset (`str`, *optional*):
-            The `EVAL_PRESETS` protocol the settings come from (`from_preset` fills them from it): recorded in
-            results.json, and its paper's estimator is shown first (`estimator_labels`).
-        scorer (`str` or `dict`, defaults to `"math_verify"`):
-            As its help says; in Python also a mapping benchmark -> scorer name (``"*"``: the others).
-        names (`dict[str, str]`, *optional*):
-            How messages name each setting (default: its field name), e.g. flags or recipe fields.
-
-        The other fields are described by their help.
+    Every setting of an evaluation: what `trl_bandpo.evaluation.evaluate` and ``trl-bandpo eval`` take, each described
+    by its help. Each value is checked when the settings are built (ValueError naming the setting as `names` spells
+    it: a flag, a recipe field) and normalised: numbers to `float`, `ks` to a sorted list (default: `default_ks`),
+    `scorer` to a name or a mapping keyed by registry names (``"*"``: the others), comma-separated `benchmarks` to a
+    list (in Python also a mapping name -> Dataset or path). `preset` is recorded in results.json and orders the
+    estimators (`from_preset` fills the settings from it). A benchmark scored by ``"dapo"`` under the ``"boxed"``
+    prompt gets a warning.
     """
 
     benchmarks: list[str] | None = field(
@@ -216,16 +204,8 @@ class ValidationSettings(EvalSettings):
     r"""
     `EvalSettings` of validation during training (`trl_bandpo.evaluation.validation.ValidationCallback`), plus when
     to validate. `benchmarks` has no default (None: nothing to validate), `ks` defaults to `[num_samples]`, and the
-    trainer's own model is sampled (no `dtype` or `device`).
-
-    Parameters:
-        every_steps (`int`, defaults to `5`):
-            Validate when the optimizer step is a multiple of it (the BandPO authors' ``test_freq``).
-        at_start (`bool`, defaults to `False`):
-            Also validate before the first step, at step 0 (verl's ``val_before_train``, on in the BandPO authors'
-            runs; recipe field ``val_before_train``). It costs one more full validation.
-        at_end (`bool`, defaults to `True`):
-            Also validate at the last step.
+    trainer's own model is sampled (no `dtype` or `device`). `at_start` is verl's ``val_before_train`` (its recipe
+    field too), on in the BandPO authors' runs.
     """
 
     benchmarks: list[str] | None = field(

@@ -108,11 +108,17 @@ def summarize_correctness(correct: Sequence[Sequence[bool]], ks: Sequence[int]) 
         if _POSITIVE(k, "k") > n:
             raise ValueError(f"ks must be <= the number of samples per problem ({n}), got k={k}")
     counts = [sum(bool(x) for x in samples) for samples in correct]
-    summary: dict[str, Any] = {"problems": len(correct), "samples_per_problem": n}
-    summary[f"mean@{n}"] = sum(mean_accuracy(n, c) for c in counts) / len(counts)
+    averages = average_metrics(counts, n, ks)
+    return {"problems": len(correct), "samples_per_problem": n, **averages, "correct_per_problem": counts}
+
+
+def average_metrics(counts: Sequence[int], n: int, ks: Sequence[int]) -> dict[str, float]:
+    """``mean@n``, then ``pass@k`` and ``best@k`` for each k in `ks`, averaged over problems of `n` samples each, of
+    which `counts` are correct."""
+    metrics = {f"mean@{n}": sum(mean_accuracy(n, c) for c in counts) / len(counts)}
     for name, estimator in (("pass", pass_at_k), ("best", best_at_k)):
-        summary |= {f"{name}@{k}": sum(estimator(n, c, k) for c in counts) / len(counts) for k in ks}
-    return summary | {"correct_per_problem": counts}
+        metrics |= {f"{name}@{k}": sum(estimator(n, c, k) for c in counts) / len(counts) for k in ks}
+    return metrics
 
 
 def write_markdown(

@@ -17,10 +17,10 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .generation import render_prompt
+from .generation import regroup, render_prompt
 from .scorers import score, scorers_for
 from .settings import ValidationSettings
-from .summary import best_at_k, pass_at_k
+from .summary import average_metrics
 
 
 def _vllm_engine(trainer) -> str | None:
@@ -124,12 +124,9 @@ class ValidationCallback(TrainerCallback):
         with torch.random.fork_rng(devices=devices):  # the trainer's generators are restored afterwards
             counts = self._correct_counts(step)
         logs: dict[str, float] = {}
-        n = self.settings.num_samples
         for bench, per_problem in counts.items():
-            logs[f"val/{bench}/mean@{n}"] = sum(per_problem) / (n * len(per_problem))
-            for k in self.settings.ks:
-                logs[f"val/{bench}/pass@{k}"] = sum(pass_at_k(n, c, k) for c in per_problem) / len(per_problem)
-                logs[f"val/{bench}/best@{k}"] = sum(best_at_k(n, c, k) for c in per_problem) / len(per_problem)
+            metrics = average_metrics(per_problem, self.settings.num_samples, self.settings.ks)
+            logs |= {f"val/{bench}/{key}": value for key, value in metrics.items()}
         logs["val/seconds"] = round(time.time() - started, 3)
         self.last_step = step
         Trainer.log(trainer, dict(logs))  # the base logger: log_history and report_to, not the GRPO metric buffers
@@ -145,16 +142,15 @@ class ValidationCallback(TrainerCallback):
         # problems and seed, and only the group's first rank counts the answers.
         tp = self.trainer.vllm_generation.tensor_parallel_size if self.engine == "colocate" else 1
         group, groups_count, counting = rank // tp, world // tp, rank % tp == 0
-        items = [(bench, i) for bench, (prompts, _) in self.problems.items() for i in range(len(prompts))]
-        owner = (lambda index: 0) if self.engine == "server" else (lambda index: index % groups_count)
-        mine = [index for index in range(len(items)) if owner(index) == group]
-        prompts = [self.problems[items[index][0]][0][items[index][1]] for index in mine]
+        items = [(bench, *row) for bench, problems in self.problems.items() for row in zip(*problems)]
+        mine = [i for i in range(len(items)) if (0 if self.engine == "server" else i % groups_count) == group]
+        prompts = [items[index][1] for index in mine]  # items: (benchmark, prompt, solution)
         seed = (s.seed + 1_000_003 * step + 7_919 * group) % 2**32
         torch.manual_seed(seed)
         if self.engine is None:
             per_call = max(1, s.batch_size // (1 if s.temperature == 0 else s.num_samples))
             calls = math.ceil(math.ceil(len(items) / world) / per_call)  # the same on every process
-            completions = self._generate(prompts, per_call, calls, self.problems[items[0][0]][0][0])
+            completions = self._generate(prompts, per_call, calls, items[0][1])
         else:
             completions = self._vllm_generate(prompts, seed)
         counts = torch.zeros(len(items), dtype=torch.long, device=accelerator.device)
@@ -163,15 +159,14 @@ class ValidationCallback(TrainerCallback):
             if counting:
                 by_bench.setdefault(items[index][0], []).append((index, samples))
         for bench, rows in by_bench.items():
-            solutions = self.problems[bench][1]
             flat = [text for _, samples in rows for text in samples]
-            golds = [solutions[items[index][1]] for index, samples in rows for _ in samples]
+            golds = [items[index][2] for index, samples in rows for _ in samples]
             flags = score(self.scorers[bench], flat, golds, timeout_s=s.timeout_s)
-            for j, (index, _) in enumerate(rows):
-                counts[index] = sum(flags[j * s.num_samples : (j + 1) * s.num_samples])
+            for (index, _), marks in zip(rows, regroup(flags, s.num_samples, s.num_samples)):
+                counts[index] = sum(marks)
         totals = accelerator.reduce(counts, reduction="sum").tolist() if world > 1 else counts.tolist()
         result: dict[str, list[int]] = {bench: [] for bench in self.problems}
-        for (bench, _), total in zip(items, totals, strict=True):
+        for (bench, *_), total in zip(items, totals, strict=True):
             result[bench].append(int(total))
         return result
 
@@ -193,9 +188,10 @@ class ValidationCallback(TrainerCallback):
 
         trainer, tokenizer, s = self.trainer, self._tokenizer(), self.settings
         eos = getattr(trainer, "eos_token_ids", None) or tokenizer.eos_token_id
-        n, greedy = s.num_samples, s.temperature == 0  # greedy: decode once, repeat
+        greedy = s.temperature == 0  # greedy: decode once, repeat
+        per_prompt = 1 if greedy else s.num_samples
         config = GenerationConfig(
-            max_new_tokens=s.max_new_tokens, do_sample=not greedy, num_return_sequences=1 if greedy else n,
+            max_new_tokens=s.max_new_tokens, do_sample=not greedy, num_return_sequences=per_prompt,
             temperature=None if greedy else s.temperature, top_p=None if greedy else s.top_p,
             top_k=None if greedy else (s.top_k or 0), repetition_penalty=1.0, pad_token_id=tokenizer.pad_token_id,
             eos_token_id=eos, disable_compile=True,
@@ -225,10 +221,7 @@ class ValidationCallback(TrainerCallback):
                     decoded = tokenizer.batch_decode(
                         output[:, batch["input_ids"].shape[1] :], skip_special_tokens=True
                     )
-                    if greedy:
-                        groups.extend([text] * n for text in decoded[: len(chunk)])
-                    else:
-                        groups.extend(decoded[i * n : (i + 1) * n] for i in range(len(chunk)))
+                    groups.extend(regroup(decoded, per_prompt, s.num_samples)[: len(chunk)])
         finally:
             model.train(was_training)
         return groups
@@ -244,18 +237,14 @@ class ValidationCallback(TrainerCallback):
             trainer._last_loaded_step = trainer.state.global_step  # the trainer then skips its own sync
         token_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in self._texts(prompts)]
         s = self.settings
-        n, greedy = s.num_samples, s.temperature == 0
-        per_prompt = 1 if greedy else n  # vLLM refuses n > 1 with greedy decoding: decode once, repeat
-        sampling = dict(
-            n=per_prompt, temperature=s.temperature, top_p=1.0 if greedy else s.top_p, top_k=s.top_k or 0,
-            max_tokens=s.max_new_tokens,
-        )  # fmt: skip
+        greedy = s.temperature == 0
+        per_prompt = 1 if greedy else s.num_samples  # vLLM refuses n > 1 with greedy decoding: decode once, repeat
+        top_p, top_k = 1.0 if greedy else s.top_p, s.top_k or 0
+        sampling = dict(n=per_prompt, temperature=s.temperature, top_p=top_p, top_k=top_k, max_tokens=s.max_new_tokens)
         if self.engine == "server":
             if not token_ids:
                 return []
-            output = engine.vllm_client.generate(prompts=token_ids, **sampling)
-            flat = output["completion_ids"]
-            completions = [flat[i * per_prompt : (i + 1) * per_prompt] for i in range(len(token_ids))]
+            completions = engine.vllm_client.generate(prompts=token_ids, **sampling)["completion_ids"]
         else:
             from vllm import SamplingParams
 
@@ -269,6 +258,6 @@ class ValidationCallback(TrainerCallback):
                 if engine.enable_sleep_mode:  # as TRL leaves the engine after its own generation
                     engine.llm.sleep(level=2)
                     engine._llm_weights_sleeping = True
-            completions = [[choice.token_ids for choice in output.outputs] for output in outputs]
-        texts = [[tokenizer.decode(ids, skip_special_tokens=True) for ids in group] for group in completions]
-        return [group * n for group in texts] if greedy else texts
+            completions = [choice.token_ids for output in outputs for choice in output.outputs]
+        texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
+        return regroup(texts, per_prompt, s.num_samples)

@@ -175,15 +175,14 @@ def _launch_config(compute_dtype: torch.dtype) -> tuple[int, int]:
     return (1024, 8) if compute_dtype == torch.float32 else (512, 8)
 
 
+def _supported(x: torch.Tensor) -> torch.Tensor:
+    """`x` in a dtype the kernel reads (fp16, bf16, fp32, fp64), else in fp32 (e.g. float8: exactly representable)."""
+    return x if x.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) else x.float()
+
+
 def _band_kl_launch(
-    old_logps: torch.Tensor,
-    radius: Union[float, torch.Tensor],
-    upper_max: Optional[float] = None,
-    relax_low: Optional[float] = None,
-    relax_high: Optional[float] = None,
-    block_size: Optional[int] = None,
-    num_warps: Optional[int] = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    old_logps, radius, upper_max=None, relax_low=None, relax_high=None, block_size=None, num_warps=None
+):
     """Launch `_band_kl_kernel` on `old_logps` (any shape) with one float `radius` or a tensor of radii that
     broadcasts to it (same device); returns `(lower, upper)` shaped like `old_logps`."""
     if not old_logps.is_cuda and not INTERPRETED:
@@ -191,8 +190,7 @@ def _band_kl_launch(
             f"the Triton Band kernel needs a CUDA tensor, got one on {old_logps.device.type} "
             "(set TRITON_INTERPRET=1 before importing trl_bandpo.kernels.band_kl to run it on CPU)."
         )
-    if old_logps.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        old_logps = old_logps.float()
+    old_logps = _supported(old_logps)
     compute_dtype = compute_dtype_for(old_logps.dtype)
     x = old_logps.detach().reshape(-1).contiguous()
     lower = torch.empty(old_logps.shape, dtype=compute_dtype, device=old_logps.device)
@@ -202,9 +200,7 @@ def _band_kl_launch(
         return lower, upper
     radius_mode, radius_arg, radii = 0, math.nan, x  # mode 0 never reads `radii`: any pointer does
     if torch.is_tensor(radius):
-        radii = radius.detach()
-        if radii.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            radii = radii.float()  # e.g. float8: exactly representable
+        radii = _supported(radius.detach())
         # one radius: stride 0, nothing materialised; several: broadcast and flattened in the order of `x`
         radius_mode = 1 if radii.numel() == 1 else 2
         radii = radii.reshape(1) if radius_mode == 1 else radii.expand(old_logps.shape).reshape(-1).contiguous()
@@ -276,20 +272,9 @@ def band_bounds_kl_triton(
     upper_max: Optional[float] = None,
     relax: Optional[tuple[float, float]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """KL Band bounds `(lower, upper)` from the fused kernel, same semantics as `band_bounds(..., "kl")`, whose checks
-    the arguments have passed (this is its registered solver).
-
-    Args:
-        old_logps (`torch.Tensor`, any shape, fp16/bf16/fp32/fp64, on CUDA): `log pi_old(a|s)`.
-        radius (`float` or `torch.Tensor`): the KL radius `delta > 0`, or per-token radii broadcastable to
-            `old_logps` (e.g. `(B, T)`, `(B, 1)`, 0-d) on its device; an element that is not finite and > 0 gives
-            NaN bounds where it applies (docs/band-operator.md, "Per-token radius").
-        upper_max (`float`, *optional*): cap on `upper` (`None`: the dtype's largest finite value).
-        relax (`tuple[float, float]`, *optional*): `(eps_low, eps_high)`, union with `[1 - eps_low, 1 + eps_high]`.
-
-    Returns:
-        `(lower, upper)` shaped like `old_logps`, float32 (float64 for float64 input).
-    """
+    """KL Band bounds `(lower, upper)` from the fused kernel, with the arguments and results of
+    `band_bounds(old_logps, radius, "kl", upper_max=..., relax=...)`, whose checks they have passed (this is its
+    registered solver); `old_logps` on CUDA (or CPU under the interpreter)."""
     relax_low, relax_high = (None, None) if relax is None else (float(relax[0]), float(relax[1]))
     upper_max = None if upper_max is None else float(upper_max)
     radii = radius.detach() if torch.is_tensor(radius) else None

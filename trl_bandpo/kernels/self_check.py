@@ -75,9 +75,8 @@ class CheckResult:
 
 def _grid(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Sorted log p: p log-spaced over [1e-6, 0.5], then 1 - p log-spaced over [1e-6, 0.5]."""
-    small = torch.logspace(-6, math.log10(0.5), _GRID_POINTS, dtype=torch.float64).log()
-    large = torch.log1p(-torch.logspace(-6, math.log10(0.5), _GRID_POINTS, dtype=torch.float64))
-    return torch.cat([small, large]).sort().values.to(dtype=dtype, device=device)
+    small = torch.logspace(-6, math.log10(0.5), _GRID_POINTS, dtype=torch.float64)
+    return torch.cat([small.log(), torch.log1p(-small)]).sort().values.to(dtype=dtype, device=device)
 
 
 def compare_kernel_with_torch(device: torch.device | str) -> CheckResult:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import decimal
 import functools
+import logging
 import math
 import numbers
 import re
@@ -47,22 +48,22 @@ def completion_text(completion: Any) -> str:
     return ""
 
 
-def _braced_argument(text: str, open_pos: int) -> str | None:
-    """Content of the brace group opening at ``text[open_pos] == "{"``; None when it never closes."""
-    depth, i = 0, open_pos
+def _braces(text: str, start: int = 0):
+    """(position, depth after it) of each unescaped brace from `start` (``\\{``, ``\\}``, ``\\\\`` are escapes)."""
+    depth, i = 0, start
     while i < len(text):
         char = text[i]
-        if char == "\\":  # an escaped character (\{, \}, \\) never opens or closes a group
-            i += 2
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_pos + 1 : i]
+        if char == "\\":
+            i += 1
+        elif char in "{}":
+            depth += 1 if char == "{" else -1
+            yield i, depth
         i += 1
-    return None
+
+
+def _braced_argument(text: str, open_pos: int) -> str | None:
+    """Content of the brace group opening at ``text[open_pos] == "{"``; None when it never closes."""
+    return next((text[open_pos + 1 : i] for i, depth in _braces(text, open_pos) if depth == 0), None)
 
 
 def contains_box(text: str) -> bool:
@@ -113,19 +114,7 @@ def unwrap_boxes(answer: str) -> str:
 
 def brace_depth(text: str) -> int:
     """Deepest nesting of unescaped braces in ``text``."""
-    depth = deepest = i = 0
-    while i < len(text):
-        char = text[i]
-        if char == "\\":
-            i += 2
-            continue
-        if char == "{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char == "}":
-            depth -= 1
-        i += 1
-    return deepest
+    return max([0, *(depth for _, depth in _braces(text))])
 
 
 def is_admissible(answer: str | None) -> bool:
@@ -324,6 +313,15 @@ def is_oversized_gold(solution: Any) -> bool:
     if isinstance(solution, str):
         return len(solution) > MAX_GOLD_CHARS
     return isinstance(solution, (list, tuple)) and any(is_oversized_gold(item) for item in solution)
+
+
+def warn_oversized_golds(logger: logging.Logger, rule: str, oversized: int, rows: int) -> None:
+    """Warn that `oversized` of `rows` gold answers are strings longer than `MAX_GOLD_CHARS` (not read)."""
+    if oversized:
+        logger.warning(
+            "%s: %d of %d rows have a gold answer longer than %d characters, which is not read (their answers "
+            "score wrong unless another alternative matches)", rule, oversized, rows, MAX_GOLD_CHARS,
+        )  # fmt: skip
 
 
 def _integer_text(value: int) -> str | None:

@@ -56,7 +56,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .answers import MAX_GOLD_CHARS, completion_text, gold_alternatives, is_oversized_gold, paired
+from .answers import MAX_GOLD_CHARS as MAX_GOLD_CHARS  # re-exported: part of this module's interface
+from .answers import completion_text, gold_alternatives, is_oversized_gold, paired, warn_oversized_golds
 
 _LOGGER = logging.getLogger(__name__)
 
@@ -65,56 +66,46 @@ ANSWER_PATTERN = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 
 # (before, after) pairs, replaced in this order (the Minerva list, as in ``math_dapo``).
 SUBSTITUTIONS: tuple[tuple[str, str], ...] = (
-    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
-    (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
-)  # fmt: skip
-
+    ("an ", ""),
+    ("a ", ""),
+    (".$", "$"),
+    ("\\$", ""),
+    ("\\ ", ""),
+    (" ", ""),
+    ("mbox", "text"),
+    (",\\text{and}", ","),
+    ("\\text{and}", ","),
+    ("\\text{m}", "\\text{}"),
+)
 # Deleted wherever they occur, in this order (the Minerva list, as in ``math_dapo``).
 REMOVED_EXPRESSIONS: tuple[str, ...] = (
-    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue", "points",
-    "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals", "edges", "students",
-    "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3",
-    "\\text{\n}", "\\text{}", "\\mathrm{th}", "^\\circ", "^{\\circ}", "\\;", ",\\!", "{,}", '"', "\\dots",
-)  # fmt: skip
-
+    *"square ways integers dollars mph inches hours km units \\ldots sue points feet minutes digits cents".split(),
+    *"degrees cm gm pounds meters meals edges students childrentickets multiples \\text{s} \\text{.}".split(),
+    "\\text{\ns}",
+    *"\\text{}^2 \\text{}^3".split(),
+    "\\text{\n}",
+    *'\\text{} \\mathrm{th} ^\\circ ^{\\circ} \\; ,\\! {,} " \\dots'.split(),
+)
 # Both lists as one sequence of (old, new) string replacements, run in order.
 _REPLACEMENTS = (*SUBSTITUTIONS, *((expression, "") for expression in REMOVED_EXPRESSIONS))
-
-# (pattern, replacement) applied in order after the two lists, line by line (`.` never matches a newline, as in the
-# source, so none of them reaches across lines); `_rewrite_line` applies them in linear time.
-_UNWRAPS: tuple[tuple[str, re.Pattern], ...] = (
-    ("\\text{", re.compile(r"\\text\{(.*?)\}")),
-    ("\\textbf{", re.compile(r"\\textbf\{(.*?)\}")),
-    ("\\overline{", re.compile(r"\\overline\{(.*?)\}")),
-    ("\\boxed{", re.compile(r"\\boxed\{(.*)\}")),  # greedy: up to the last closing brace of the line
-)
-_SHORTHANDS: tuple[tuple[re.Pattern, str], ...] = (
-    (re.compile(r"frac([^{])(.)"), r"frac{\1}{\2}"),
-    (re.compile(r"sqrt([^{])"), r"sqrt{\1}"),
-)
-
-
-def _first_dollar_span(line: str) -> str:
-    """A line with two ``$`` reduced to ``$`` + the text between the first two + ``$`` (the source's
-    ``.*?\\$(.*?)\\$.*`` substitution, which costs time quadratic in the length of a line with fewer ``$``)."""
-    first = line.find("$")
-    second = line.find("$", first + 1) if first >= 0 else -1
-    return line if second < 0 else "$" + line[first + 1 : second] + "$"
-
-
-def _unwrap(line: str, prefix: str, pattern: re.Pattern) -> str:
-    """``pattern.sub(r"\\1", line)`` in linear time: no match can end after the line's last ``}``, so the regex only
-    sees the text up to it (a start with no ``}`` after it would scan the rest of the line, for every start)."""
-    if prefix not in line:
-        return line
-    end = line.rfind("}") + 1
-    return pattern.sub(r"\1", line[:end]) + line[end:]
+# Unwrapped in this order after the two lists, line by line (`.` never crosses a newline, as in the source); \boxed
+# is greedy: up to the last closing brace of the line.
+_UNWRAPS = [
+    re.compile(p) for p in (r"\\text\{(.*?)\}", r"\\textbf\{(.*?)\}", r"\\overline\{(.*?)\}", r"\\boxed\{(.*)\}")
+]
+_SHORTHANDS = ((re.compile(r"frac([^{])(.)"), r"frac{\1}{\2}"), (re.compile(r"sqrt([^{])"), r"sqrt{\1}"))
 
 
 def _rewrite_line(line: str) -> str:
-    line = _first_dollar_span(line)
-    for prefix, pattern in _UNWRAPS:
-        line = _unwrap(line, prefix, pattern)
+    """A line with two ``$`` reduced to ``$`` + the text between the first two + ``$``, then unwrapped (`_UNWRAPS`),
+    in linear time (the source's regexes take time quadratic in the length of a line): no unwrap can end after the
+    line's last ``}``, so each regex only sees the text up to it."""
+    first = line.find("$")
+    second = line.find("$", first + 1) if first >= 0 else -1
+    line = line if second < 0 else "$" + line[first + 1 : second] + "$"
+    for pattern in _UNWRAPS:
+        end = line.rfind("}") + 1
+        line = pattern.sub(r"\1", line[:end]) + line[end:]
     return line
 
 
@@ -143,16 +134,8 @@ def extract_dapo_answer(text: str) -> str | None:
 
 
 def dapo_correct(completion: Any, solution: Any) -> bool:
-    """Whether a completion (string or conversation) answers `solution` correctly under the ``math_dapo`` rule.
-
-    Args:
-        completion: the model's output, a string or a conversation (see `trl_bandpo.scoring.answers.completion_text`).
-        solution: the gold answer: a string, a number, or a list of acceptable alternatives.
-
-    Returns:
-        True when the normalised ``Answer:`` text equals a normalised gold answer. Never raises on bad input. A gold
-        string longer than `MAX_GOLD_CHARS` characters is not read, so no answer matches it.
-    """
+    """Whether a completion (string or conversation) answers `solution` (a string, a number, or a list of
+    alternatives) under the ``math_dapo`` rule. Never raises on bad input."""
     try:
         answer = extract_dapo_answer(completion_text(completion))
         if answer is None:
@@ -169,10 +152,5 @@ def score_dapo_completions(completions: Sequence[Any], solutions: Sequence[Any])
     A warning says how many rows have a gold string longer than `MAX_GOLD_CHARS` characters (not read).
     """
     pairs = paired(completions, solutions)
-    oversized = sum(is_oversized_gold(solution) for solution in solutions)
-    if oversized:
-        _LOGGER.warning(
-            "dapo reward: %d of %d rows have a gold answer longer than %d characters, which is not read (their "
-            "completions score wrong unless another alternative matches)", oversized, len(solutions), MAX_GOLD_CHARS,
-        )  # fmt: skip
+    warn_oversized_golds(_LOGGER, "dapo reward", sum(map(is_oversized_gold, solutions)), len(solutions))
     return [dapo_correct(c, s) for c, s in pairs]

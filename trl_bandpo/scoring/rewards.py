@@ -1,25 +1,11 @@
-r"""Verifiable math rewards: `math_verify` on the last ``\boxed{...}`` answer of a completion.
+r"""Verifiable math rewards: `math_verify` on the last outermost ``\boxed{...}`` answer of a completion.
 
-The reward reads the *last* ``\boxed{...}`` (or ``\fbox{...}``, or ``\boxed 42``) of a completion (the outermost
-one: ``\boxed{\boxed{2}+1}`` answers ``{2}+1``, i.e. 3), compares it with the dataset's ground-truth answer (column
-``solution``) using `math_verify`, and returns one score per completion: +1/-1 for DGPO (`boxed_signed_reward`),
-1/0 for accuracy (`boxed_accuracy_reward`), or any pair from `MathVerifyReward`.
-
-`score_completions` settles what it can cheaply (`trl_bandpo.scoring.answers`) before anything reaches `math_verify`:
-answers longer than `MAX_ANSWER_CHARS` or nested deeper than `MAX_BRACE_DEPTH` braces, and answers to a ground truth
-longer than `MAX_GOLD_CHARS`, score wrong at once; answers and golds are written in plain characters (`answer_form`,
-`gold_forms`: NFKC, vulgar fractions, digit groups, a gold's final period; docs/evaluation.md lists these rewrites
-and what stays refused); a pure-string check (`canonical_text`) accepts identical answers without sympy, never what
-`math_verify` would reject; the rest goes to `trl_bandpo.scoring.verifier` (worker processes, a wall-clock bound per
-answer, verdicts cached per (gold, answer) pair). An equation between two different numbers (``\boxed{2=3}``) is
-wrong whatever its right-hand side.
-
-Time is bounded per answer (``timeout_s``) and per call (``call_timeout_s``, default `default_call_timeout`,
-counted from the start of the call): once a call's budget is spent, the answers not yet verified score wrong (a
-warning says how many). Nothing here executes model output.
-
-`dapo_reward` (`DAPOReward`) is the other rule: the ``Answer: ...`` line compared as a normalised string, as verl's
-``math_dapo`` reward that the BandPO authors trained with (`trl_bandpo.scoring.dapo`); pure Python, no boxes.
+`MathVerifyReward` scores it +1/-1 for DGPO (`boxed_signed_reward`), 1/0 for accuracy (`boxed_accuracy_reward`).
+`score_completions` settles what it can cheaply (`trl_bandpo.scoring.answers`: caps, plain characters, a pure-string
+check that never accepts what `math_verify` would reject) and sends the rest to `trl_bandpo.scoring.verifier`. An
+equation between two different numbers (``\boxed{2=3}``) is wrong whatever its right-hand side. Time is bounded per
+answer and per call; nothing here executes model output. `DAPOReward` scores the ``Answer: ...`` line as verl's
+``math_dapo`` (`trl_bandpo.scoring.dapo`), `LastNumberReward` the reply's last number.
 """
 
 from __future__ import annotations
@@ -35,7 +21,6 @@ from ..core.checks import Integer, Number, is_number
 from .answers import MAX_ANSWER_CHARS as MAX_ANSWER_CHARS  # re-exported: part of this module's interface
 from .answers import MAX_BRACE_DEPTH as MAX_BRACE_DEPTH
 from .answers import (
-    MAX_GOLD_CHARS,
     answer_form,
     canonical_text,
     completion_text,
@@ -45,6 +30,7 @@ from .answers import (
     is_admissible,
     is_oversized_gold,
     paired,
+    warn_oversized_golds,
 )
 from .dapo import score_dapo_completions
 from .verifier import DEFAULT_NUM_WORKERS, verify_pairs
@@ -72,14 +58,6 @@ def default_call_timeout(timeout_s: float, num_workers: int, num_pairs: int) -> 
     their 64 timeouts in turn. Worker start-up (about a second, once) is not counted.
     """
     return timeout_s * (4 + num_pairs / (8 * num_workers))
-
-
-def _set_scores(reward: Any, correct: Any, wrong: Any, name: Any) -> None:
-    """Check and set a reward function's `correct` / `wrong` scores and its metric name (``__name__``)."""
-    reward.correct, reward.wrong = Number()(correct, "correct"), Number()(wrong, "wrong")
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise ValueError(f"name must be a Python identifier (it names the logged metric), got {name!r}")
-    reward.__name__ = reward.__qualname__ = name
 
 
 def score_completions(
@@ -111,44 +89,30 @@ def score_completions(
     timeout_s = _TIMEOUT(timeout_s, "timeout_s")
     num_workers = _NUM_WORKERS(num_workers, "num_workers") or DEFAULT_NUM_WORKERS
     call_timeout_s = _check_call_timeout(call_timeout_s)
-    pairs = paired(completions, solutions)
     flags = [False] * len(completions)
     pending: list[tuple[int, list[tuple[str, str]]]] = []  # (row, [(gold, answer) for each gold alternative])
-    golds_of: dict[str, list[tuple[str, str]]] = {}  # per string ground truth: [(gold, its canonical_text)]
+    golds_of: dict[Any, list[tuple[str, str]]] = {}  # per string ground truth: [(gold, its canonical_text)]
     oversized = 0
-    for row, (completion, solution) in enumerate(pairs):
+    for row, (completion, solution) in enumerate(paired(completions, solutions)):
         try:
+            oversized += is_oversized_gold(solution)
+            key = solution if isinstance(solution, str) else None  # a group's completions share their gold: read once
+            golds = golds_of.get(key) if key is not None else None
+            if golds is None:
+                golds = [(g, canonical_text(g)) for alt in gold_alternatives(solution) for g in gold_forms(alt)]
+                if key is not None:
+                    golds_of[key] = golds
             answer = extract_boxed_answer(completion_text(completion))
-            if is_oversized_gold(solution):
-                oversized += 1
-            cached = isinstance(solution, str) and len(solution) <= MAX_GOLD_CHARS
-            if cached and solution in golds_of:  # the completions of a group share their gold: read it once
-                golds = golds_of[solution]
-            else:
-                golds = [
-                    (gold, canonical_text(gold))
-                    for alternative in gold_alternatives(solution)
-                    for gold in gold_forms(alternative)
-                ]
-                if cached:
-                    golds_of[solution] = golds
-            if not golds or not is_admissible(answer):
+            # plain characters, digit groups joined (what math_verify is given), and still within the caps
+            if not golds or not is_admissible(answer) or not is_admissible(answer := answer_form(answer)):
                 continue
-            answer = answer_form(answer)  # plain characters, digit groups joined: what math_verify is given
-            if not is_admissible(answer):  # what was only invisible characters, or grew past the caps
-                continue
-            canonical = canonical_text(answer)
-            if any(gold_canonical == canonical for _, gold_canonical in golds):
+            if canonical_text(answer) in {canonical for _, canonical in golds}:
                 flags[row] = True
             else:
                 pending.append((row, [(gold, answer) for gold, _ in golds]))
         except Exception:  # noqa: BLE001 - an unreadable completion or ground truth scores wrong
             _LOGGER.debug("row %d could not be read; it scores wrong", row, exc_info=True)
-    if oversized:
-        _LOGGER.warning(
-            "math_verify reward: %d of %d rows have a ground truth longer than %d characters, which is not read "
-            "(their answers score wrong unless another alternative matches)", oversized, len(flags), MAX_GOLD_CHARS,
-        )  # fmt: skip
+    warn_oversized_golds(_LOGGER, "math_verify reward", oversized, len(flags))
     all_pairs = [pair for _, pairs in pending for pair in pairs]
     if call_timeout_s is None:
         call_timeout_s = default_call_timeout(timeout_s, num_workers, len(set(all_pairs)))
@@ -176,19 +140,40 @@ def is_equivalent(gold: Any, answer: str, timeout_s: float = 2.0, call_timeout_s
     return score_completions([f"\\boxed{{{answer}}}"], [gold], timeout_s=timeout_s, call_timeout_s=call_timeout_s)[0]
 
 
-class MathVerifyReward:
-    """A TRL reward function: `correct` when the last boxed answer matches ``solution``, else `wrong`.
+class _Reward:
+    """A TRL reward function: ``reward(completions, solution, **kwargs) -> list[float]`` (N completions, strings or
+    conversations, and N gold answers; other keyword arguments are ignored), `correct` for a right answer, else
+    `wrong`. ``__name__`` names the logged metric ``rewards/<name>/mean``. Instances are picklable."""
 
-    Call as ``reward(completions, solution, **kwargs) -> list[float]`` (N completions, N ground truths); TRL passes
-    the dataset's ``solution`` column and extra keyword arguments, which are ignored. ``__name__`` names the metric.
-    Each call is bounded per answer (`timeout_s`) and as a whole (`call_timeout_s`, default `default_call_timeout`):
-    see `score_completions`. Instances are picklable (TRL may ship reward functions to other processes).
+    def __init__(self, correct: float, wrong: float, name: str) -> None:
+        self.correct, self.wrong = Number()(correct, "correct"), Number()(wrong, "wrong")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"name must be a Python identifier (it names the logged metric), got {name!r}")
+        self.__name__ = self.__qualname__ = name
+
+    def __call__(
+        self, completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs: Any
+    ) -> list[float]:
+        if solution is None or isinstance(solution, (str, bytes)):
+            raise ValueError(
+                f"{self.__name__} needs one gold answer per completion: a `solution` column (trl_bandpo.data loaders "
+                "give one) or solution=[...], a list, not a single string"
+            )
+        return [self.correct if flag else self.wrong for flag in self._score(completions, solution)]
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{key}={value!r}" for key, value in vars(self).items() if not key.startswith("_"))
+        return f"{type(self).__name__}({fields}, name={self.__name__!r})"
+
+
+class MathVerifyReward(_Reward):
+    """`correct` when the last boxed answer matches ``solution`` under `math_verify` (`score_completions`).
 
     Args:
         correct / wrong: the score of a correct answer, and of a wrong, missing or unverifiable one (-1.0 as in DGPO;
             0.0 for accuracy).
         timeout_s: wall-clock limit per answer, enforced by killing the verifier process (works in any thread).
-        name: ``__name__``, which TRL uses for the metric ``rewards/<name>/mean``.
+        name: ``__name__``, the metric's name.
         num_workers: verifier processes used in parallel (default `DEFAULT_NUM_WORKERS`).
         call_timeout_s: wall-clock budget of one call (default `default_call_timeout`; ``math.inf`` for none).
     """
@@ -202,61 +187,27 @@ class MathVerifyReward:
         num_workers: int | None = None,
         call_timeout_s: float | None = None,
     ) -> None:
-        _set_scores(self, correct, wrong, name)
+        super().__init__(correct, wrong, name)
         self.timeout_s = _TIMEOUT(timeout_s, "timeout_s")
         self.num_workers = _NUM_WORKERS(num_workers, "num_workers")
         self.call_timeout_s = _check_call_timeout(call_timeout_s)
 
-    def __call__(
-        self, completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs: Any
-    ) -> list[float]:
-        if solution is None:
-            raise ValueError(
-                f"{self.__name__} needs the ground-truth answers: give the dataset a `solution` column "
-                "(trl_bandpo.data loaders do) or pass solution=[...]"
-            )
-        if isinstance(solution, (str, bytes)):
-            raise ValueError("solution must be a list with one ground truth per completion, got a single string")
-        flags = score_completions(
-            completions, solution, self.timeout_s, num_workers=self.num_workers, call_timeout_s=self.call_timeout_s
-        )
-        return [self.correct if flag else self.wrong for flag in flags]
-
-    def __repr__(self) -> str:
-        return (
-            f"MathVerifyReward(correct={self.correct}, wrong={self.wrong}, timeout_s={self.timeout_s}, "
-            f"call_timeout_s={self.call_timeout_s}, name={self.__name__!r})"
-        )
+    def _score(self, completions: Sequence[Any], solution: Sequence[Any]) -> list[bool]:
+        return score_completions(completions, solution, self.timeout_s, self.num_workers, self.call_timeout_s)
 
 
 boxed_accuracy_reward = MathVerifyReward(correct=1.0, wrong=0.0, name="boxed_accuracy_reward")
 boxed_signed_reward = MathVerifyReward(correct=1.0, wrong=-1.0, name="boxed_signed_reward")
 
 
-class DAPOReward:
-    """A TRL reward function scoring the ``Answer: ...`` line as verl's ``math_dapo`` does (`trl_bandpo.scoring.dapo`).
-
-    Call as ``reward(completions, solution, **kwargs) -> list[float]`` (N completions, strings or conversations, and
-    N gold answers); extra keyword arguments are ignored. `correct` when the normalised answer equals the normalised
-    gold answer, else `wrong` (a missing ``Answer:`` line is wrong). Pure Python: no worker processes, no timeouts
-    needed. Instances are picklable; ``__name__`` names the logged metric.
-    """
+class DAPOReward(_Reward):
+    """`correct` when the ``Answer: ...`` line matches ``solution`` as verl's ``math_dapo`` decides
+    (`trl_bandpo.scoring.dapo`; a missing line is wrong). Pure Python: no worker processes, no timeouts."""
 
     def __init__(self, correct: float = 1.0, wrong: float = -1.0, name: str = "dapo_reward") -> None:
-        _set_scores(self, correct, wrong, name)
+        super().__init__(correct, wrong, name)
 
-    def __call__(
-        self, completions: Sequence[Any], solution: Sequence[Any] | None = None, **kwargs: Any
-    ) -> list[float]:
-        if solution is None:
-            raise ValueError(f"{self.__name__} needs the gold answers: a `solution` column or solution=[...]")
-        if isinstance(solution, (str, bytes)):
-            raise ValueError("solution must be a list with one gold answer per completion, got a single string")
-        flags = score_dapo_completions(completions, solution)
-        return [self.correct if flag else self.wrong for flag in flags]
-
-    def __repr__(self) -> str:
-        return f"DAPOReward(correct={self.correct}, wrong={self.wrong}, name={self.__name__!r})"
+    _score = staticmethod(score_dapo_completions)
 
 
 dapo_reward = DAPOReward()
@@ -265,24 +216,19 @@ dapo_reward = DAPOReward()
 _NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*")
 
 
-class LastNumberReward:
-    """A TRL reward function for short numeric answers: `correct` when the last number of the reply (a sign, digits,
-    decimal point and digit groups included: "12.5" is not 5) is the gold answer written the same way, else `wrong`.
-
-    Call as ``reward(completions, solution, **kwargs) -> list[float]``; the gold answers may also come as ``answer``
-    (a dataset with that column). Pure Python, picklable; ``__name__`` names the logged metric.
-    """
+class LastNumberReward(_Reward):
+    """`correct` when the last number of the reply (a sign, digits, decimal point and digit groups included: "12.5" is
+    not 5) is the gold answer written the same way. The gold answers may also come as ``answer`` (a dataset column)."""
 
     def __init__(self, correct: float = 1.0, wrong: float = 0.0, name: str = "last_number_reward") -> None:
-        _set_scores(self, correct, wrong, name)
+        super().__init__(correct, wrong, name)
 
-    def __call__(self, completions: Sequence[Any], solution: Sequence[Any] | None = None,
-                 answer: Sequence[Any] | None = None, **kwargs: Any) -> list[float]:  # fmt: skip
-        gold = solution if solution is not None else answer
-        if gold is None or isinstance(gold, (str, bytes)):
-            raise ValueError(f"{self.__name__} needs one gold answer per completion: a `solution` or `answer` column")
+    def __call__(
+        self, completions: Sequence[Any], solution: Any = None, answer: Any = None, **kwargs: Any
+    ) -> list[float]:
+        return super().__call__(completions, solution if solution is not None else answer)
+
+    @staticmethod
+    def _score(completions: Sequence[Any], solution: Sequence[Any]) -> list[bool]:
         last = [(_NUMBER.findall(completion_text(c)) or [None])[-1] for c in completions]
-        return [self.correct if number == str(g).strip() else self.wrong for number, g in zip(last, gold)]
-
-    def __repr__(self) -> str:
-        return f"LastNumberReward(correct={self.correct}, wrong={self.wrong}, name={self.__name__!r})"
+        return [number == str(gold).strip() for number, gold in zip(last, solution)]

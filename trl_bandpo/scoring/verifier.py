@@ -13,6 +13,7 @@ answers go only to `math_verify.parse` with the LaTeX extractor.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -28,25 +29,14 @@ _VERDICT_CACHE_SIZE = 65536
 
 # --- The math_verify comparison itself (runs inside a worker process) ---
 
-_PARSE_CACHE: OrderedDict[str, list] = OrderedDict()
 
-
+@functools.lru_cache(maxsize=4096)
 def _parse_answer(latex: str, timeout_s: int | None) -> list:
     """`math_verify.parse` of one answer with the LaTeX extractor only (no Python-expression parser)."""
     from math_verify import LatexExtractionConfig, parse
 
-    if latex in _PARSE_CACHE:
-        _PARSE_CACHE.move_to_end(latex)
-        return _PARSE_CACHE[latex]
-    parsed = parse(
-        "\\boxed{" + latex + "}",
-        extraction_config=[LatexExtractionConfig(boxed_match_priority=0)],
-        parsing_timeout=timeout_s,
-    )
-    _PARSE_CACHE[latex] = parsed
-    if len(_PARSE_CACHE) > 4096:
-        _PARSE_CACHE.popitem(last=False)
-    return parsed
+    config = [LatexExtractionConfig(boxed_match_priority=0)]
+    return parse("\\boxed{" + latex + "}", extraction_config=config, parsing_timeout=timeout_s)
 
 
 def _math_verify_equal(gold: str, answer: str, timeout_s: int | None = None) -> bool:

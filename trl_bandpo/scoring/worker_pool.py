@@ -11,11 +11,9 @@ its address space (`WORKER_MEMORY_BYTES`) and each task's CPU time, exits when i
 the process that started it, even a SIGKILLed one (Linux's ``PR_SET_PDEATHSIG``; elsewhere a watchdog thread and
 the CPU cap). Without POSIX pipes `WorkerPool.run` raises RuntimeError rather than run unbounded.
 
-Why no library: ``pebble`` starts its workers through ``multiprocessing`` (``spawn`` and ``forkserver`` re-import the
-caller's ``__main__``; ``fork`` is unsafe in a threaded trainer); ``loky`` does not re-import ``__main__`` but has no
-per-task timeout (a late task is stopped only by killing the whole executor); both unpickle a task's function by
-importing its module (here the heavy `trl_bandpo`), and neither sets ``PR_SET_PDEATHSIG``, so a worker busy in C code
-outlives a SIGKILLed parent.
+Why no library: ``pebble`` and ``loky`` unpickle a task's function by importing its module (here the heavy
+`trl_bandpo`), ``pebble`` starts workers through ``multiprocessing`` (which re-imports ``__main__``, or forks a
+threaded trainer), ``loky`` has no per-task timeout, and neither sets ``PR_SET_PDEATHSIG``.
 """
 
 from __future__ import annotations

@@ -28,14 +28,12 @@ from .configs import (
     DGPOConfig,
     PolicyLossConfig,
     _loss_fields,
-    check_fields,
-    check_settings,
+    checked_post_init,
 )
 from .dataset_rows import check_dataset
-from .library_noise import library_noise_filtered
 from .nonfinite import NonFiniteGuard, unusable_rewards
 from .policy_term import PolicyTerm, check_engine_logprobs
-from .trl_patches import Patch, patch_method
+from .trl_patches import CLIP_RATIO_PATCHES, Patch, patch_method
 
 # Per-sample metrics key that carries a sample's model version from the rollout queue to the collator.
 _VERSION_KEY = "trl_bandpo/model_version"
@@ -74,23 +72,13 @@ PolicyLossFields = _policy_loss_fields()
 class AsyncPolicyLossConfig(PolicyLossFields, AsyncGRPOConfig):
     r"""
     Configuration of [`AsyncPolicyLossTrainer`]: every parameter of `trl.experimental.async_grpo.AsyncGRPOConfig`,
-    plus `policy_loss` and the fields of the registered losses, with [`PolicyLossConfig`]'s defaults and checks
-    (`band_divergence`, `band_radius`, `band_solver`, `band_upper_max`, `dgpo_n`, `dgpo_m`, `ce_gppo_beta1`,
-    `ce_gppo_beta2`, `aspo_c_pos`, `aspo_c_neg`, `dppo_*`, ..., TRL's dual clip `delta`, and `on_nonfinite`).
-
-    What the synchronous config has and this one has not: `loss_type` (the async trainer's loss is the token sum over
-    the micro-batch divided by its token count per process), `importance_sampling_level` (token level only), `beta`
-    (no reference model), the adaptive radius (`band_radius_by`: the old policy's entropies are not in a rollout
-    sample), dynamic sampling and `old_logps_source` (the old log-probs are always the rollout's). See
-    docs/off-policy-and-async.md.
+    plus `policy_loss`, `on_nonfinite` and the fields of the registered losses, with [`PolicyLossConfig`]'s defaults
+    and checks. It lacks `loss_type`, `importance_sampling_level`, `beta`, `band_radius_by`, dynamic sampling and
+    `old_logps_source` (the old log-probs are always the rollout's): docs/off-policy-and-async.md.
     """
 
     def __post_init__(self):
-        # Our checks first, as PolicyLossConfig's: a bad value of ours must not hide behind a TRL error.
-        check_fields(self)
-        with library_noise_filtered():
-            super().__post_init__()
-        check_settings(self)
+        checked_post_init(self, super().__post_init__)
 
 
 @dataclass
@@ -157,18 +145,7 @@ COMPUTE_LOSS_PATCHES = (
         code="per_token_loss = self._per_token_policy_loss(\n"
         "    log_ratio, advantages, lower, upper, None, old_log_probs, segment_id\n)",
     ),
-    Patch(
-        "low clip ratio",
-        "the clip ratios are measured against the bounds in force, not 1 - epsilon",
-        target="is_low_clipped =",
-        code="is_low_clipped = (coef_1 < torch.as_tensor(lower, device=coef_1.device)) & (advantages < 0)",
-    ),
-    Patch(
-        "high clip ratio",
-        "the clip ratios are measured against the bounds in force, not 1 + epsilon",
-        target="is_high_clipped =",
-        code="is_high_clipped = (coef_1 > torch.as_tensor(upper, device=coef_1.device)) & (advantages > 0)",
-    ),
+    *CLIP_RATIO_PATCHES,
     Patch(
         "count and staleness metrics",
         "our count metrics (docs/metrics.md) and staleness metrics (docs/off-policy-and-async.md)",
@@ -190,12 +167,9 @@ _compute_loss = patch_method(AsyncGRPOTrainer, "compute_loss", COMPUTE_LOSS_PATC
 
 
 class AsyncPolicyLossTrainer(PolicyTerm, NonFiniteGuard, AsyncGRPOTrainer):
-    """`AsyncGRPOTrainer` whose per-token policy term is `args.policy_loss` (see [`AsyncPolicyLossConfig`]).
-
-    Everything else is AsyncGRPOTrainer's: pass the same arguments (`model`, `reward_funcs`, `train_dataset`,
-    `rollout_worker`, `weight_transfer`, ...); `args` may be any `AsyncGRPOConfig` (our settings then take
-    `config_class`'s defaults). The bounds come from each sample's rollout log-probs.
-    """
+    """`AsyncGRPOTrainer` whose per-token policy term is `args.policy_loss` (see [`AsyncPolicyLossConfig`]), with
+    AsyncGRPOTrainer's arguments; `args` may be any `AsyncGRPOConfig` (our settings then take `config_class`'s
+    defaults). The bounds come from each sample's rollout log-probs."""
 
     config_class = AsyncPolicyLossConfig
     trl_config_class = AsyncGRPOConfig

@@ -93,6 +93,9 @@ class GenerationBufferCheckpointing:
             check_checkpoint(resume_from_checkpoint)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
+    def _buffer_path(self, folder) -> str:
+        return os.path.join(folder, BUFFER_FILE.format(rank=self.accelerator.process_index))
+
     def _save_rng_state(self, output_dir):
         # Called by `Trainer._save_checkpoint` after the model and optimizer, before trainer_state.json: our file is
         # never the first thing in a checkpoint folder, and a checkpoint with a trainer_state.json has it.
@@ -104,7 +107,7 @@ class GenerationBufferCheckpointing:
             "extra_prompt_rng": None if generator is None else generator.get_state(),
             "settings": buffer_settings(self),
         }
-        path = os.path.join(output_dir, BUFFER_FILE.format(rank=self.accelerator.process_index))
+        path = self._buffer_path(output_dir)
         torch.save(state, path + ".tmp")
         os.replace(path + ".tmp", path)
 
@@ -112,15 +115,15 @@ class GenerationBufferCheckpointing:
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        path = os.path.join(checkpoint, BUFFER_FILE.format(rank=self.accelerator.process_index))
+        path = self._buffer_path(checkpoint)
         generate_every = self.args.steps_per_generation * self.num_iterations
         step = self.state.global_step * self.args.gradient_accumulation_steps
         if os.path.exists(path):
-            state = _load_buffer(path, self.accelerator.device)
+            state, current = _load_buffer(path, self.accelerator.device), buffer_settings(self)
             changed = {
                 key: (value, now)
                 for key, value in state["settings"].items()
-                if (now := buffer_settings(self).get(key, "<absent>")) != value
+                if (now := current.get(key, "<absent>")) != value
             }
             if changed:  # before the micro-step: a changed gradient_accumulation_steps moves it
                 warnings.warn(

@@ -1,10 +1,8 @@
 """Configurations of the BandPO and DGPO trainers: `GRPOConfig` plus the fields of our policy losses.
 
-Each setting has one owner that checks it, once, when the config is built: a loss hyper-parameter is checked by its
-entry in the loss registry (`trl_bandpo.core.losses`, docs/adding-a-policy-loss.md), our other fields by
-`PolicyLossConfig.FIELD_CHECKS`, and the TRL fields that TRL leaves unchecked by `TRL_FIELD_CHECKS` (`check_fields`);
-then the settings are checked together (`check_settings`). The asynchronous configs and the trainers' view of a
-project's own `GRPOConfig` (`policy_settings`) run the same two functions, so every surface refuses the same values.
+Each field is checked by one owner (`check_fields`): the loss registry for loss hyper-parameters,
+`PolicyLossConfig.FIELD_CHECKS` for our other fields, `TRL_FIELD_CHECKS` for TRL fields TRL leaves unchecked; then
+the settings together (`check_settings`). Every config surface (async configs, `policy_settings`) runs both.
 """
 
 from __future__ import annotations
@@ -91,25 +89,25 @@ class UnusedSettingWarning(UserWarning):
 _POLICY_LOSS_HELP = f"Per-token policy loss: one of {list(POLICY_LOSSES)} or any registered later."
 
 
+def _field(default, help: str, **metadata):
+    return field(default=default, metadata={"help": help, **metadata})
+
+
 @dataclass
 class PolicyLossConfig(GRPOConfig):
     r"""
     Configuration shared by [`BandPOTrainer`] and [`DGPOTrainer`]: every parameter of [`trl.GRPOConfig`], plus the
-    choice of per-token policy loss and the hyper-parameters of each. Any trainer runs any policy loss, so one tool
-    reruns both papers' comparisons; `BandPOConfig` and `DGPOConfig` differ only in their defaults.
+    choice of per-token policy loss and the hyper-parameters of each. Any trainer runs any policy loss;
+    `BandPOConfig` and `DGPOConfig` differ only in their defaults. Each field's help says what it is; more here.
 
     Parameters:
         policy_loss (`str`, defaults to `"clip"`):
-            Per-token policy term (docs/policy-losses.md): `"clip"` (GRPO/PPO; Clip-Higher with
-            `epsilon_high=0.28`), `"band"` (BandPO, [paper](https://arxiv.org/abs/2603.04918)), `"relaxed_band"`
-            (Band united with the Clip-Higher interval, BandPO's ablation), `"dcpo"` (DCPO's dynamic bounds),
-            `"dgpo"` ([paper](https://arxiv.org/abs/2603.14389)), `"gppo"`, `"ce_gppo"`, `"aspo"`, `"cispo"` (the DGPO
-            paper's baselines; `"cispo"` clips the weight on both sides as that paper ran it), `"band_dgpo"` (DGPO's
-            decay outside the Band bounds, beyond both papers), `"dppo_tv"`, `"dppo_kl"` (DPPO-Binary,
-            docs/band-and-dppo.md), `"drpo"`, `"spo"` (smooth regularisers in place of the clip), `"ipo"` (prime-rl's
-            masked loss with a KL term), `"cppo"`, `"trm"`, `"m2po"`, `"icepop"` (masking trust regions), any loss
-            registered since, or an import path `package.module:loss`. Everything
-            but `"clip"` requires `loss_type` in `grpo`, `bnpo`, `dr_grpo`, `dapo`.
+            Per-token policy term (docs/policy-losses.md lists them all): `"clip"` (GRPO/PPO), `"band"` (BandPO,
+            [paper](https://arxiv.org/abs/2603.04918)), `"relaxed_band"`, `"dcpo"`, `"dgpo"`
+            ([paper](https://arxiv.org/abs/2603.14389)), `"gppo"`, `"ce_gppo"`, `"aspo"`, `"cispo"`, `"band_dgpo"`,
+            `"dppo_tv"`, `"dppo_kl"`, `"drpo"`, `"spo"`, `"ipo"`, `"cppo"`, `"trm"`, `"m2po"`, `"icepop"`, any loss
+            registered since, or an import path `package.module:loss`. Everything but `"clip"` requires `loss_type`
+            in `grpo`, `bnpo`, `dr_grpo`, `dapo`.
         band_divergence (`str`, defaults to `"kl"`):
             f-divergence of the Band trust region: `"kl"`, `"tv"`, `"chi2"`, `"reverse_kl"`, `"hellinger"`, `"js"`.
         band_radius (`float`, defaults to `0.05`):
@@ -118,185 +116,102 @@ class PolicyLossConfig(GRPOConfig):
             `"auto"` (Triton kernel on CUDA when installed, torch elsewhere), `"torch"` or `"triton"`.
         band_upper_max (`float` or `None`, defaults to `10.0`):
             Cap on the Band upper bound, as the BandPO authors trained. `None` keeps only the simplex limit `1/p`.
-        dgpo_n (`int`, defaults to `1`):
-            DGPO left-boundary decay power n ≥ 1 (weight on ∇π ∝ π^n for r < 1-ε, A < 0). Paper: 2 at 1.5B, 1 at
-            7B/14B.
-        dgpo_m (`float`, defaults to `2.0`):
-            DGPO right-boundary decay root m ≥ 1 (weight on ∇π ∝ π^(-1/m) for r > 1+ε_high, A > 0).
-        ce_gppo_beta1 (`float`, defaults to `0.75`):
-            CE-GPPO weight scale on the left boundary (DGPO paper's setting).
-        ce_gppo_beta2 (`float`, defaults to `1.0`):
-            CE-GPPO weight scale on the right boundary.
-        aspo_c_pos (`float`, defaults to `3.0`):
-            ASPO cap on the flipped weight 1/r of positive-advantage tokens.
-        aspo_c_neg (`float`, defaults to `3.0`):
-            ASPO cap on the weight r of negative-advantage tokens.
-        dppo_tv_radius (`float`, defaults to `0.15`):
-            DPPO-Binary-TV radius δ: a token is masked once `|q - p|` exceeds it in its advantage's direction (the
-            authors' setting).
-        dppo_kl_radius (`float`, defaults to `0.05`):
-            DPPO-Binary-KL radius δ on `KL(Bern(p) || Bern(q))` (the authors' setting).
-        dppo_radius_low (`float` or `None`, defaults to `None`):
-            DPPO radius on the lower side (`A < 0`) instead of the variant's radius (verl's `clip_ratio_low`).
-        dppo_radius_high (`float` or `None`, defaults to `None`):
-            DPPO radius on the upper side (`A > 0`) instead of the variant's radius (verl's `clip_ratio_high`).
+        dgpo_n (`int`, defaults to `1`), dgpo_m (`float`, defaults to `2.0`):
+            DGPO's decay power n ≥ 1 on the left boundary (weight ∝ π^n for r < 1-ε, A < 0; paper: 2 at 1.5B, 1 at
+            7B/14B) and root m ≥ 1 on the right one (weight ∝ π^(-1/m) for r > 1+ε_high, A > 0).
+        ce_gppo_beta1 (`float`, defaults to `0.75`), ce_gppo_beta2 (`float`, defaults to `1.0`):
+            CE-GPPO weight scales on the left and right boundaries (DGPO paper's setting).
+        aspo_c_pos (`float`, defaults to `3.0`), aspo_c_neg (`float`, defaults to `3.0`):
+            ASPO caps on the flipped weight 1/r of positive-advantage tokens and the weight r of negative ones.
+        dppo_tv_radius (`float`, defaults to `0.15`), dppo_kl_radius (`float`, defaults to `0.05`):
+            DPPO-Binary radius δ on `|q - p|` (TV) or `KL(Bern(p) || Bern(q))` (KL) (the authors' settings).
+        dppo_radius_low, dppo_radius_high (`float` or `None`, defaults to `None`):
+            DPPO radius for `A < 0` / `A > 0` instead of the variant's (verl's `clip_ratio_low` / `clip_ratio_high`).
         dppo_ratio_cap (`float` or `None`, defaults to `20.0`):
-            DPPO's truncation `C` of the importance weight, `min(r, C)` (`None`: no truncation). 20 is verl's own
-            fallback; the authors' scripts set 10,000 (effectively off), as our DPPO recipes do.
-        drpo_epsilon (`float`, defaults to `12.5`):
-            DRPO's regularization threshold ε > 0: the penalty `|A| p (r - 1)^2 / (2 ε)` turns a token's gradient
-            weight negative once `|q - p|` exceeds ε on its advantage's side (docs/policy-losses.md). 12.5 as the
-            DRPO authors trained (their `DRPOConfig.drpo_epsilon`).
-        spo_epsilon (`float`, defaults to `12.5`):
-            SPO's threshold ε > 0 on the ratio: penalty `|A| (r - 1)^2 / (2 ε)`, the weight turns negative once
-            `|r - 1|` exceeds ε on the advantage's side. 12.5 as the DRPO authors ran SPO.
-        ipo_mask_low (`float`, defaults to `0.1`):
-            prime-rl's IPO: a token whose probability fell by more than this (`p - q`) is masked, whatever its
-            advantage. 0.1 is prime-rl's `ipo_threshold`; its 2026 default loss used 0.2 on both sides.
-        ipo_mask_high (`float`, defaults to `0.1`):
-            prime-rl's IPO: a token whose probability rose by more than this (`q - p`) is masked, whatever its
-            advantage.
-        ipo_kl_tau (`float`, defaults to `0.001`):
-            Weight of IPO's KL term `(log r)^2` on every completion token (prime-rl's `kl_tau`; it is not TRL's
-            `beta`, which penalises the KL to the reference model).
-        ipo_adv_tau (`float`, defaults to `1.0`):
-            IPO's scale of the advantages in its policy term (prime-rl's `adv_tau`).
-
-        > Masking trust regions (docs/policy-losses.md, "Masking trust regions"; the authors' defaults)
-
-        cppo_delta (`float`, defaults to `0.2`):
-            CPPO's per-token cap and initial budget δ on the Binary-TV divergence `|q - p|`, in (0, 1].
-        cppo_w_min (`float`, defaults to `0.8`):
-            CPPO's position weight of a sequence's last token (the first has 1), in (0, 1].
-        cppo_delta_b (`float`, defaults to `0.02`):
-            CPPO's least budget rate δ_b (the rate is the sequence's 0.9 quantile of `|q - p|` within [δ_b, 2 δ_b]).
-        trm_divergence (`str`, defaults to `"k3"`):
-            TRM's token divergence, as verl estimates it: `"k3"` (`r - 1 - log r`) or `"k1"` (`-log r`).
-        trm_reduce (`str`, defaults to `"mean"`):
-            TRM's statistic of a sequence: `"mean"` or `"max"` of the token divergence.
-        trm_threshold (`float`, defaults to `0.01`):
-            TRM drops a sequence whose statistic exceeds it (verl's `seq_mean_k3` presets: 0.01).
+            DPPO's truncation `min(r, C)` (verl's fallback; the authors' scripts, and our recipes, set 10,000).
+        drpo_epsilon (`float`, defaults to `12.5`), spo_epsilon (`float`, defaults to `12.5`):
+            Threshold ε > 0 of DRPO's penalty `|A| p (r - 1)^2 / (2 ε)` and SPO's `|A| (r - 1)^2 / (2 ε)`, as the DRPO
+            authors trained.
+        ipo_mask_low, ipo_mask_high (`float`, defaults to `0.1`):
+            prime-rl's IPO masks a token whose probability fell (`p - q`) / rose (`q - p`) by more than this.
+        ipo_kl_tau (`float`, defaults to `0.001`), ipo_adv_tau (`float`, defaults to `1.0`):
+            IPO's weight of its KL term `(log r)^2` (prime-rl's `kl_tau`, not TRL's `beta`) and its advantage scale.
+        cppo_delta (`float`, defaults to `0.2`), cppo_w_min (`float`, defaults to `0.8`), cppo_delta_b (`float`,
+        defaults to `0.02`):
+            CPPO's per-token cap and initial budget on `|q - p|`, position weight of the last token, least budget
+            rate.
+        trm_divergence (`"k3"` or `"k1"`), trm_reduce (`"mean"` or `"max"`), trm_threshold (`float`, `0.01`):
+            TRM drops a sequence whose mean or max token divergence exceeds the threshold (verl's estimators).
         m2po_threshold (`float`, defaults to `0.04`):
             M2PO masks the largest `(log r)^2` of the micro-batch until the mean of the rest is below it.
-        icepop_low (`float`, defaults to `0.5`):
-            IcePop's α: a token with ratio `r < α` is masked (prime-rl trained with 0.125).
-        icepop_high (`float`, defaults to `5.0`):
-            IcePop's β: a token with ratio `r > β` is masked (prime-rl trained with 8.0).
-
-        > Adaptive per-token radius (an extension, docs/extensions.md)
-
+        icepop_low (`float`, defaults to `0.5`), icepop_high (`float`, defaults to `5.0`):
+            IcePop masks a token with ratio `r < α` or `r > β` (prime-rl trained with 0.125 and 8.0).
         band_radius_by (`str` or `None`, defaults to `None`):
-            `None`: one radius `band_radius` for every token. `"entropy"`: token t gets
-            `clip(band_radius * (H_t / H_mean) ** band_radius_exponent, band_radius_min, band_radius_max)`, `H_t` the
-            old policy's entropy at t and `H_mean` its mean over the generation batch.
-        band_radius_exponent (`float`, defaults to `1.0`):
-            Exponent alpha >= 0 of the entropy ratio (0: one radius for every token; a negative one is refused: it
-            would widen the Band of confident tokens and tighten that of uncertain ones).
-        band_radius_min (`float`, defaults to `0.005`):
-            Smallest per-token radius.
-        band_radius_max (`float`, defaults to `0.5`):
-            Largest per-token radius.
-
-        > Dynamic sampling (DAPO's group filter; an extension, docs/extensions.md)
-
-        dynamic_sampling (`bool`, defaults to `False`):
-            Drop prompt groups whose rewards all agree (zero advantage) and generate fresh prompts until the
-            generation batch is full. Needs `per_device_train_batch_size * steps_per_generation` to be a multiple of
-            `num_generations` (groups must not straddle processes).
-        dynamic_sampling_max_rounds (`int`, defaults to `3`):
-            Extra generation rounds allowed per generation batch; when they run out the batch trains with what it
-            has (the missing groups masked out) and `dynamic_sampling/filled_share` says how full it was.
-
-        > Old policy of the ratio (docs/off-policy-and-async.md)
-
+            `"entropy"`: token t gets `clip(band_radius * (H_t / H_mean) ** band_radius_exponent, band_radius_min,
+            band_radius_max)`, `H_t` the old policy's entropy (docs/extensions.md).
+        dynamic_sampling (`bool`, defaults to `False`), dynamic_sampling_max_rounds (`int`, defaults to `3`):
+            DAPO's group filter: drop prompt groups with zero advantage and generate more, up to that many extra
+            rounds (then the missing groups are masked out). Needs `per_device_train_batch_size *
+            steps_per_generation` to be a multiple of `num_generations`.
         old_logps_source (`str`, defaults to `"trainer"`):
-            Where the old log-probs of the ratio and of every loss's bounds come from: `"trainer"` (TRL's forward pass
-            of the trainer's model, or the current log-probs when TRL skips it) or `"rollout"` (the log-probs vLLM
-            returned with each sampled token; needs `use_vllm=True` and `vllm_importance_sampling_correction=False`,
-            and skips the trainer's old-policy pass).
-
-        > Non-finite steps (docs/training.md)
-
+            The old policy: `"trainer"` (TRL's old-policy pass) or `"rollout"` (vLLM's sampling log-probs; needs
+            `use_vllm=True` and `vllm_importance_sampling_correction=False`; docs/off-policy-and-async.md).
         on_nonfinite (`str`, defaults to `"stop"`):
-            What a training step whose loss or gradient norm is NaN or infinite does: `"stop"` (raise
-            `NonFiniteTrainingError` before the update, naming the policy loss and the first non-finite quantity) or
-            `"skip"` (warn and drop that optimizer update; not with DeepSpeed, whose engine steps by itself). The same
-            for rewards that are no finite numbers: stop naming the reward function and the completion, or drop the
-            group.
+            A NaN or infinite loss, gradient norm or reward: `"stop"` (raise `NonFiniteTrainingError`) or `"skip"`
+            (warn and drop the update, or the group; not with DeepSpeed). docs/training.md.
     """
 
-    policy_loss: str = field(default="clip", metadata={"help": _POLICY_LOSS_HELP})
-    band_divergence: str = field(default="kl", metadata={"help": "Band f-divergence.", "choices": list(DIVERGENCES)})
-    band_radius: float = field(default=0.05, metadata={"help": "Band trust-region radius delta."})
-    band_solver: str = field(default="auto", metadata={"help": "Band bound solver.", "choices": list(SOLVERS)})
-    band_upper_max: float | None = field(
-        default=10.0, metadata={"help": "Cap on the Band upper bound (authors: 10); None for no cap."}
+    policy_loss: str = _field("clip", _POLICY_LOSS_HELP)
+    band_divergence: str = _field("kl", "Band f-divergence.", choices=list(DIVERGENCES))
+    band_radius: float = _field(0.05, "Band trust-region radius delta.")
+    band_solver: str = _field("auto", "Band bound solver.", choices=list(SOLVERS))
+    band_upper_max: float | None = _field(10.0, "Cap on the Band upper bound (authors: 10); None for no cap.")
+    dgpo_n: int = _field(1, "DGPO left-boundary decay power n >= 1.")
+    dgpo_m: float = _field(2.0, "DGPO right-boundary decay root m >= 1.")
+    ce_gppo_beta1: float = _field(0.75, "CE-GPPO left-boundary weight scale.")
+    ce_gppo_beta2: float = _field(1.0, "CE-GPPO right-boundary weight scale.")
+    aspo_c_pos: float = _field(3.0, "ASPO cap on 1/r for positive advantages.")
+    aspo_c_neg: float = _field(3.0, "ASPO cap on r for negative advantages.")
+    dppo_tv_radius: float = _field(0.15, "DPPO-Binary-TV radius delta.")
+    dppo_kl_radius: float = _field(0.05, "DPPO-Binary-KL radius delta.")
+    dppo_radius_low: float | None = _field(None, "DPPO radius for negative advantages (None: the variant's radius).")
+    dppo_radius_high: float | None = _field(None, "DPPO radius for positive advantages (None: the variant's radius).")
+    dppo_ratio_cap: float | None = _field(
+        20.0, "DPPO truncation C of the importance weight min(r, C); None: no truncation."
     )
-    dgpo_n: int = field(default=1, metadata={"help": "DGPO left-boundary decay power n >= 1."})
-    dgpo_m: float = field(default=2.0, metadata={"help": "DGPO right-boundary decay root m >= 1."})
-    ce_gppo_beta1: float = field(default=0.75, metadata={"help": "CE-GPPO left-boundary weight scale."})
-    ce_gppo_beta2: float = field(default=1.0, metadata={"help": "CE-GPPO right-boundary weight scale."})
-    aspo_c_pos: float = field(default=3.0, metadata={"help": "ASPO cap on 1/r for positive advantages."})
-    aspo_c_neg: float = field(default=3.0, metadata={"help": "ASPO cap on r for negative advantages."})
-    dppo_tv_radius: float = field(default=0.15, metadata={"help": "DPPO-Binary-TV radius delta."})
-    dppo_kl_radius: float = field(default=0.05, metadata={"help": "DPPO-Binary-KL radius delta."})
-    dppo_radius_low: float | None = field(
-        default=None, metadata={"help": "DPPO radius for negative advantages (None: the variant's radius)."}
+    drpo_epsilon: float = _field(12.5, "DRPO regularization threshold epsilon > 0.")
+    spo_epsilon: float = _field(12.5, "SPO regularization threshold epsilon > 0.")
+    ipo_mask_low: float = _field(0.1, "IPO: mask tokens whose probability fell by more than this (any advantage).")
+    ipo_mask_high: float = _field(0.1, "IPO: mask tokens whose probability rose by more than this (any advantage).")
+    ipo_kl_tau: float = _field(0.001, "IPO: weight of its KL term (log r)^2 on every token.")
+    ipo_adv_tau: float = _field(1.0, "IPO: scale of the advantages in its policy term.")
+    cppo_delta: float = _field(0.2, "CPPO: per-token cap and initial budget on |q - p|.")
+    cppo_w_min: float = _field(0.8, "CPPO: position weight of the last token.")
+    cppo_delta_b: float = _field(0.02, "CPPO: least budget rate per token.")
+    trm_divergence: str = _field("k3", "TRM: 'k3' or 'k1'.", choices=["k1", "k3"])
+    trm_reduce: str = _field("mean", "TRM: 'mean' or 'max'.", choices=["max", "mean"])
+    trm_threshold: float = _field(0.01, "TRM: drop a sequence above this divergence.")
+    m2po_threshold: float = _field(0.04, "M2PO: bound on the kept tokens' mean (log r)^2.")
+    icepop_low: float = _field(0.5, "IcePop: mask a token whose ratio is below this.")
+    icepop_high: float = _field(5.0, "IcePop: mask a token whose ratio is above this.")
+    band_radius_by: str | None = _field(None, "Per-token Band radius: None (one radius for every token) or 'entropy'.")
+    band_radius_exponent: float = _field(
+        1.0, "Exponent (>= 0) of H_t / H_mean in the radius (0: one radius for every token)."
     )
-    dppo_radius_high: float | None = field(
-        default=None, metadata={"help": "DPPO radius for positive advantages (None: the variant's radius)."}
+    band_radius_min: float = _field(0.005, "Smallest per-token Band radius.")
+    band_radius_max: float = _field(0.5, "Largest per-token Band radius.")
+    dynamic_sampling: bool = _field(False, "Drop zero-advantage prompt groups and refill the batch (DAPO).")
+    dynamic_sampling_max_rounds: int = _field(3, "Extra generation rounds allowed per batch with dynamic_sampling.")
+    old_logps_source: str = _field(
+        "trainer",
+        "Old log-probs of the ratio and the bounds: 'trainer' (TRL's forward pass) or 'rollout' (the log-probs vLLM "
+        "sampled with; use_vllm only).",
+        choices=["trainer", "rollout"],
     )
-    dppo_ratio_cap: float | None = field(
-        default=20.0, metadata={"help": "DPPO truncation C of the importance weight min(r, C); None: no truncation."}
-    )
-    drpo_epsilon: float = field(default=12.5, metadata={"help": "DRPO regularization threshold epsilon > 0."})
-    spo_epsilon: float = field(default=12.5, metadata={"help": "SPO regularization threshold epsilon > 0."})
-    ipo_mask_low: float = field(
-        default=0.1, metadata={"help": "IPO: mask tokens whose probability fell by more than this (any advantage)."}
-    )
-    ipo_mask_high: float = field(
-        default=0.1, metadata={"help": "IPO: mask tokens whose probability rose by more than this (any advantage)."}
-    )
-    ipo_kl_tau: float = field(default=1e-3, metadata={"help": "IPO: weight of its KL term (log r)^2 on every token."})
-    ipo_adv_tau: float = field(default=1.0, metadata={"help": "IPO: scale of the advantages in its policy term."})
-    cppo_delta: float = field(default=0.2, metadata={"help": "CPPO: per-token cap and initial budget on |q - p|."})
-    cppo_w_min: float = field(default=0.8, metadata={"help": "CPPO: position weight of the last token."})
-    cppo_delta_b: float = field(default=0.02, metadata={"help": "CPPO: least budget rate per token."})
-    trm_divergence: str = field(default="k3", metadata={"help": "TRM: 'k3' or 'k1'.", "choices": ["k1", "k3"]})
-    trm_reduce: str = field(default="mean", metadata={"help": "TRM: 'mean' or 'max'.", "choices": ["max", "mean"]})
-    trm_threshold: float = field(default=0.01, metadata={"help": "TRM: drop a sequence above this divergence."})
-    m2po_threshold: float = field(default=0.04, metadata={"help": "M2PO: bound on the kept tokens' mean (log r)^2."})
-    icepop_low: float = field(default=0.5, metadata={"help": "IcePop: mask a token whose ratio is below this."})
-    icepop_high: float = field(default=5.0, metadata={"help": "IcePop: mask a token whose ratio is above this."})
-    band_radius_by: str | None = field(
-        default=None, metadata={"help": "Per-token Band radius: None (one radius for every token) or 'entropy'."}
-    )
-    band_radius_exponent: float = field(
-        default=1.0,
-        metadata={"help": "Exponent (>= 0) of H_t / H_mean in the radius (0: one radius for every token)."},
-    )
-    band_radius_min: float = field(default=0.005, metadata={"help": "Smallest per-token Band radius."})
-    band_radius_max: float = field(default=0.5, metadata={"help": "Largest per-token Band radius."})
-    dynamic_sampling: bool = field(
-        default=False, metadata={"help": "Drop zero-advantage prompt groups and refill the batch (DAPO)."}
-    )
-    dynamic_sampling_max_rounds: int = field(
-        default=3, metadata={"help": "Extra generation rounds allowed per batch with dynamic_sampling."}
-    )
-    old_logps_source: str = field(
-        default="trainer",
-        metadata={
-            "help": "Old log-probs of the ratio and the bounds: 'trainer' (TRL's forward pass) or 'rollout' (the "
-            "log-probs vLLM sampled with; use_vllm only).",
-            "choices": ["trainer", "rollout"],
-        },
-    )
-    on_nonfinite: str = field(
-        default="stop",
-        metadata={
-            "help": "A step whose loss or gradient norm is NaN or inf: 'stop' (raise) or 'skip' (drop the update).",
-            "choices": ["stop", "skip"],
-        },
+    on_nonfinite: str = _field(
+        "stop",
+        "A step whose loss or gradient norm is NaN or inf: 'stop' (raise) or 'skip' (drop the update).",
+        choices=["stop", "skip"],
     )
     #: The check of each field above that is no loss hyper-parameter (those are the loss registry's).
     FIELD_CHECKS: ClassVar[dict] = {
@@ -311,11 +226,16 @@ class PolicyLossConfig(GRPOConfig):
     }
 
     def __post_init__(self):
-        # Our checks first: a bad value of ours (or of the TRL fields below) must not hide behind a TRL error.
-        check_fields(self)
-        with library_noise_filtered():  # TRL's own default, gradient_checkpointing, is deprecated in transformers
-            super().__post_init__()
-        check_settings(self)
+        checked_post_init(self, super().__post_init__)
+
+
+def checked_post_init(config, trl_post_init) -> None:
+    """A config's `__post_init__`: our checks first (a bad value of ours, or of the TRL fields we check, must not hide
+    behind a TRL error), then TRL's `trl_post_init`, then the settings together."""
+    check_fields(config)
+    with library_noise_filtered():  # TRL's own default, gradient_checkpointing, is deprecated in transformers
+        trl_post_init()
+    check_settings(config)
 
 
 # -- The checks every config family runs: field by field, then together ------------------------------------------
@@ -598,7 +518,7 @@ class BandPOConfig(PolicyLossConfig):
             Per-token policy loss; see [`PolicyLossConfig`].
     """
 
-    policy_loss: str = field(default="band", metadata={"help": _POLICY_LOSS_HELP})
+    policy_loss: str = _field("band", _POLICY_LOSS_HELP)
 
 
 @dataclass
@@ -614,7 +534,7 @@ class DGPOConfig(PolicyLossConfig):
             Per-token policy loss; see [`PolicyLossConfig`].
     """
 
-    policy_loss: str = field(default="dgpo", metadata={"help": _POLICY_LOSS_HELP})
+    policy_loss: str = _field("dgpo", _POLICY_LOSS_HELP)
 
 
 # -- Serving a config of the GRPOConfig family (a project's own `class MyConfig(GRPOConfig)`) -------------------------
@@ -680,7 +600,7 @@ def config_class_with_loss_fields(config_class: type[PolicyLossConfig], policy_l
         kind = {bool: bool, int: int, float: float, str: str}.get(type(default), float)
         annotation = kind | None if default is None else kind
         help_text = f"{hp.name} of policy_loss {spec.name!r} (declared by its registry entry)."
-        missing.append((hp.field, annotation, field(default=default, metadata={"help": help_text})))
+        missing.append((hp.field, annotation, _field(default, help_text)))
     if not missing:
         return config_class
     name = f"{config_class.__name__}With{''.join(part.title() for part in spec.name.split('_'))}Fields"

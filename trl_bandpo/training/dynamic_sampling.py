@@ -29,13 +29,9 @@ _SEQUENCE_KEYS = {"token_type_ids", "mm_token_type_ids"}  # per token of prompt 
 
 
 def group_has_signal(advantages: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """`(N // num_generations,)` booleans: whether each consecutive group of completions has a non-zero advantage.
-
-    A group whose rewards have zero spread gets advantage 0 for every completion (`reward - mean`, divided by the
-    spread or not), and conversely.
-    """
-    per_group = advantages.reshape(-1, num_generations)
-    return (per_group != 0).any(dim=1)
+    """`(N // num_generations,)` booleans: whether each consecutive group of completions has a non-zero advantage
+    (all advantages of a group are 0 exactly when its rewards agree)."""
+    return (advantages.reshape(-1, num_generations) != 0).any(dim=1)
 
 
 def select_rows(output: dict, rows: torch.Tensor) -> dict:
@@ -139,12 +135,12 @@ class DynamicSampling:
             signal = group_has_signal(output["advantages"], group_size)
             generated += signal.numel()
             rows = torch.arange(signal.numel() * group_size).reshape(-1, group_size)
-            kept += [select_rows(output, rows[g]) for g in signal.nonzero().flatten().tolist()]
-            dropped += [select_rows(output, rows[g]) for g in (~signal).nonzero().flatten().tolist()]
+            for g, has_signal in enumerate(signal.tolist()):
+                (kept if has_signal else dropped).append(select_rows(output, rows[g]))
             missing = torch.tensor(float(max(0, wanted - len(kept))), device=self.accelerator.device)
-            if self.accelerator.reduce(missing, reduction="sum").item() == 0:
-                break
-            if rounds > self.policy_args.dynamic_sampling_max_rounds:
+            # every process runs the collective: all stop together
+            all_full = self.accelerator.reduce(missing, reduction="sum").item() == 0
+            if all_full or rounds > self.policy_args.dynamic_sampling_max_rounds:
                 break
             batch = self._dynamic_sampling_prompts(wanted)
         groups = kept[:wanted]

@@ -52,13 +52,13 @@ def numbers_only(func, index: int, notes: dict):
     return awaited if is_async_callable(func) else lambda **kwargs: as_numbers(func(**kwargs))
 
 
-def _finite(value) -> bool:
-    return isinstance(value, float) and math.isfinite(value)
-
-
 def unusable_rewards(rewards: dict, where: str) -> str:
     """What is wrong with a completion's `rewards` (reward function name -> value): each value no finite number."""
-    named = [f"{name!r} returned {value!r}" for name, value in rewards.items() if not _finite(value)]
+    named = [
+        f"{name!r} returned {value!r}"
+        for name, value in rewards.items()
+        if not (isinstance(value, float) and math.isfinite(value))
+    ]
     return (
         f"reward function {', '.join(named)} for {where}: no finite advantage follows (a completion needs a finite "
         "reward from at least one reward function, None or NaN being none, and none infinite or no number)"

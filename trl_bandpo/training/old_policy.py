@@ -22,10 +22,8 @@ OLD_ENTROPIES_KEY = "old_per_token_entropies"
 class OldPolicyPass:
     """Mixin for `PolicyLossTrainer`: the old-policy pass (above) and the per-token radius built from it.
 
-    `band_radius_by="entropy"` uses `entropy_radius`; a `radius_fn(entropies, mask, delta) -> radii` set on the
-    trainer (class or instance attribute) replaces it, for researchers: it must return a floating `(B, T)` tensor,
-    finite and > 0 at every completion token (checked at each call, `check_radius_fn_output`); what it returns at
-    padding positions is replaced by `delta`.
+    A `radius_fn(entropies, mask, delta) -> radii` set on the trainer replaces `entropy_radius`: a floating `(B, T)`
+    tensor, finite and > 0 at completion tokens (`check_radius_fn_output`); padding positions get `delta`.
     """
 
     radius_fn = None

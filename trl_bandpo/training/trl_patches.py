@@ -1,21 +1,12 @@
 """TRL methods whose bodies we must change, built at import from the installed TRL's own source plus our patches.
 
-TRL's `GRPOTrainer._compute_loss` and `AsyncGRPOTrainer.compute_loss` compute the policy term inline, with no smaller
-hook. This package carries no copy of them: `patch_method` reads the installed method's source (`inspect.getsource`),
-applies our `Patch`es, each located by the statement it acts on (the statement whose first line starts with the patch's
-key, on the parsed source; each key must be found exactly once), compiles the result in a copy of the namespace of
-TRL's module, and returns the function. A patch whose target is not found exactly once, or a TRL installed without its
-sources, or a patch whose code reads a name the patched method no longer defines (TRL renamed a variable), is one
-`TRLPatchError` at import naming the TRL version, the method and the patch (and the patcher's function, where the
-method is a trainer patcher's replacement or wrapper): we never fall back to running TRL's loss unchanged. A TRL
-outside `TESTED_TRL` (pyproject.toml's pin) warns once at import.
-
-The generated source is written to a file named after the method, the TRL version and its hash, in
-`$TRL_BANDPO_PATCHED_DIR` (default `$XDG_CACHE_HOME/trl_bandpo/patched`, or `~/.cache/...`), and compiled under that
-name, so tracebacks (Python's own handler too), debuggers and `inspect.getsource` show its lines; where that folder
-cannot be written, the name is ``<trl-bandpo: GRPOTrainer._compute_loss of TRL 1.16.0, patched>``, known to
-`linecache` only. `trl-bandpo patched-source` prints each patched method. docs/upgrading-trl.md says what to do when
-a patch no longer applies.
+`GRPOTrainer._compute_loss` and `AsyncGRPOTrainer.compute_loss` compute the policy term inline, with no smaller hook.
+`patch_method` reads the installed method's source, applies our `Patch`es (each located by the first line of the
+statement it acts on, found exactly once) and compiles the result in a copy of TRL's module namespace. Any failure (a
+target not found once, no installed source, a name our code reads that the method no longer defines) is a
+`TRLPatchError` at import: we never fall back to TRL's loss unchanged. The generated source is written to
+`$TRL_BANDPO_PATCHED_DIR` (default `$XDG_CACHE_HOME/trl_bandpo/patched`) so tracebacks and `inspect.getsource` show
+it; docs/upgrading-trl.md says what to do when a patch no longer applies.
 """
 
 from __future__ import annotations
@@ -37,10 +28,6 @@ import transformers
 import trl
 from packaging.specifiers import SpecifierSet
 
-__all__ = [
-    "PATCHED_METHODS", "TESTED_TRL", "Patch", "TRLPatchError", "check_trl_base", "check_trl_version", "patch_method"
-]  # fmt: skip
-
 #: The TRL releases trl-bandpo is tested with: pyproject.toml's pin (tests/test_trl_patches.py checks they are equal).
 TESTED_TRL = ">=1.16.0,<1.17"
 #: The folder for the patched methods' source files (default `$XDG_CACHE_HOME/trl_bandpo/patched`).
@@ -58,23 +45,27 @@ class TRLPatchError(ImportError):
 
 @dataclass(frozen=True)
 class Patch:
-    """One change to a TRL method.
-
-    Attributes:
-        name: what it changes, in a few words (named in errors).
-        why: one sentence on why the change is needed.
-        target: the start of the first line of the statement it acts on, as TRL writes it, as short as identifies
-            it (spacing is ignored): `is_low_clipped =`, or `if self.loss_type == "cispo":` for a compound statement,
-            whose whole chain of branches is then the statement.
-        code: our statements (unindented), or "" to delete the target.
-        where: `"replace"` the target, or insert the code `"before"` / `"after"` it.
-    """
+    """One change to a TRL method: `name` and `why` (named in errors); `target`, the start of the first line of the
+    statement it acts on (spacing ignored; a compound statement's whole chain of branches); `code`, our unindented
+    statements ("" deletes the target); `where`: `"replace"` the target, or insert `"before"` / `"after"` it."""
 
     name: str
     why: str
     target: str
     code: str
     where: str = "replace"
+
+
+#: The clip-ratio statements of both trainers' loss methods, measured against the bounds in force, not 1 -/+ epsilon.
+CLIP_RATIO_PATCHES = tuple(
+    Patch(
+        f"{side} clip ratio",
+        f"the clip ratios are measured against the bounds in force, not 1 {sign} epsilon",
+        target=f"is_{side}_clipped =",
+        code=f"is_{side}_clipped = (coef_1 {op} torch.as_tensor({bound}, device=coef_1.device)) & (advantages {op} 0)",
+    )
+    for side, sign, op, bound in (("low", "-", "<", "lower"), ("high", "+", ">", "upper"))
+)
 
 
 def check_trl_version(version: str) -> None:
@@ -224,10 +215,7 @@ def patch_method(cls: type, name: str, patches: tuple[Patch, ...]):
         code = textwrap.indent(textwrap.dedent(patch.code).strip("\n") + "\n", " " * node.col_offset)
         code_lines = code.splitlines(keepends=True) if patch.code.strip() else []
         start, end = node.lineno - 1, node.end_lineno
-        if patch.where == "before":
-            end = start
-        elif patch.where == "after":
-            start = end
+        start, end = {"before": (start, start), "after": (end, end)}.get(patch.where, (start, end))
         lines[start:end] = code_lines
     patched = "".join(lines)
     namespace = dict(method.__globals__)  # the module that defines it (TRL's, or a patcher's rewrite)

@@ -123,11 +123,7 @@ def extract_answer(completion: Any) -> str | None:
     Examples: ``extract_answer(r"... so \boxed{x = 5}.")`` is ``"5"``, ``extract_answer("The answer is 12.")`` is
     ``"12."``.
     """
-    text = completion_text(completion)
-    for marker in _ANSWER_MARKERS:  # the text after the last "answer:", then after the last "answer is", ...
-        index = text.lower().rfind(marker)
-        if index != -1:
-            text = text[index + len(marker) :].strip()
+    text = _cut(completion_text(completion), _ANSWER_MARKERS)  # after the last "answer:", then "answer is", ...
     for marker in _ANSWER_BEFORE_MARKERS:  # ... and before the last "is the answer"
         index = text.lower().rfind(marker)
         if index != -1:
@@ -140,11 +136,16 @@ def extract_answer(completion: Any) -> str | None:
         answer = unwrap_boxes(boxed.strip())
     if ". " in answer:
         answer = answer[: answer.lower().rfind(". ")].strip()
-    for marker in _MARKERS:
-        index = answer.lower().rfind(marker)
+    return _cut(answer, _MARKERS) or None
+
+
+def _cut(text: str, markers: Sequence[str]) -> str:
+    """`text` after the last (case-insensitive) occurrence of each marker in turn, stripped."""
+    for marker in markers:
+        index = text.lower().rfind(marker)
         if index != -1:
-            answer = answer[index + len(marker) :].strip()
-    return answer or None
+            text = text[index + len(marker) :].strip()
+    return text
 
 
 def grade_answer(given: Any, gold: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:

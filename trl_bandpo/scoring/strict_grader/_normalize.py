@@ -38,8 +38,7 @@ def mathd_normalize(answer: str | None) -> str | None:
 
 # --- PRM800K normalisation (prime_math._normalize) ---
 
-_UNITS = ("degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day", "week", "month", "year",
-          "foot", "feet", "inch", "yard", "liter")  # fmt: skip
+_UNITS = "degree cm centimeter meter mile second minute hour day week month year foot feet inch yard liter".split()
 _UNIT_PATTERNS = tuple(re.compile(unit + r"(es)?(s)? *(\^[0-9]+)?") for unit in _UNITS)
 _FORMATTED_COMMA = re.compile(r"(\d),(\d\d\d)($|\D)")
 
@@ -50,14 +49,6 @@ _NEAR_INTEGER = Decimal("1e-7")  # prime_math's ``_is_int`` tolerance
 EXACT = Context(prec=20_100, Emax=MAX_EMAX, Emin=MIN_EMIN)
 
 
-def is_float(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
 def exact_number(value: object) -> Decimal | None:
     """The exact value of an int, or of a string that Python's ``float`` reads as a finite number; else None.
 
@@ -66,11 +57,12 @@ def exact_number(value: object) -> Decimal | None:
     """
     if isinstance(value, int) and not isinstance(value, bool):
         return Decimal(value)
-    if not isinstance(value, str) or not is_float(value):  # float's syntax (Decimal alone would also take "_1")
+    if not isinstance(value, str):
         return None
     try:
+        float(value)  # float's syntax (Decimal alone would also take "_1")
         number = Decimal(value)
-    except ArithmeticError:
+    except (ValueError, ArithmeticError):
         return None
     return number if number.is_finite() else None
 
