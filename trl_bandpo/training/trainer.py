@@ -17,7 +17,8 @@ from .dynamic_sampling import DynamicSampling
 from .nonfinite import NonFiniteGuard
 from .old_policy import OLD_ENTROPIES_KEY, OldPolicyPass
 from .policy_term import PolicyTerm
-from .trl_patches import Patch, patch_method
+from .trl_patches import CLIP_RATIO_PATCHES, Patch, patch_method
+from .vllm_cpu import vllm_generation_for
 
 _BOUND_KEYS = ("policy_lower_bound", "policy_upper_bound")
 
@@ -38,18 +39,7 @@ COMPUTE_LOSS_PATCHES = (
         "per_token_loss = self._per_token_policy_loss(\n"
         "    log_importance_weights, advantages, lower, upper, mask, old_per_token_logps\n)",
     ),
-    Patch(
-        "low clip ratio",
-        "the clip ratios are measured against the bounds in force, not 1 - epsilon",
-        target="is_low_clipped =",
-        code="is_low_clipped = (coef_1 < torch.as_tensor(lower, device=coef_1.device)) & (advantages < 0)",
-    ),
-    Patch(
-        "high clip ratio",
-        "the clip ratios are measured against the bounds in force, not 1 + epsilon",
-        target="is_high_clipped =",
-        code="is_high_clipped = (coef_1 > torch.as_tensor(upper, device=coef_1.device)) & (advantages > 0)",
-    ),
+    *CLIP_RATIO_PATCHES,
     Patch(
         "count metrics",
         "our count metrics (docs/metrics.md), summed over processes and accumulation steps, divided at logging",
@@ -74,13 +64,9 @@ _compute_loss = patch_method(GRPOTrainer, "_compute_loss", COMPUTE_LOSS_PATCHES)
 class PolicyLossTrainer(
     PolicyTerm, NonFiniteGuard, OldPolicyPass, DynamicSampling, GenerationBufferCheckpointing, GRPOTrainer
 ):
-    """GRPOTrainer whose per-token policy term is `args.policy_loss` (see [`PolicyLossConfig`]).
-
-    Everything else is GRPOTrainer's: pass the same arguments (`model`, `reward_funcs`, `train_dataset`,
-    `peft_config`, ...); `args` may be any `GRPOConfig` (a project's own subclass: our settings then take
-    `config_class`'s defaults). Bounds that depend only on the old log-probs (Band, DCPO) are computed once per
-    generation batch, stored next to `old_per_token_logps`, and reused for every micro-step and iteration over it.
-    """
+    """GRPOTrainer whose per-token policy term is `args.policy_loss` (see [`PolicyLossConfig`]), with GRPOTrainer's
+    arguments; `args` may be any `GRPOConfig` (our settings then take `config_class`'s defaults). Bounds that depend
+    only on the old log-probs (Band, DCPO) are computed once per generation batch and travel with it."""
 
     config_class = PolicyLossConfig
     trl_config_class = GRPOConfig
@@ -108,13 +94,14 @@ class PolicyLossTrainer(
         args = self._setup_policy_term(model, args)
         for name, dataset in {"train_dataset": train_dataset, "eval_dataset": eval_dataset}.items():
             check_dataset(dataset, name, reward_funcs if rollout_func is None else [], environment_factory is None)
-        self._call_with_warnings_at_the_callers_line(
-            super().__init__, model, reward_funcs, args=args, train_dataset=train_dataset,
-            eval_dataset=eval_dataset, processing_class=processing_class,
-            reward_processing_classes=reward_processing_classes, callbacks=callbacks, optimizers=optimizers,
-            quantization_config=quantization_config, peft_config=peft_config, tools=tools, rollout_func=rollout_func,
-            environment_factory=environment_factory,
-        )  # fmt: skip
+        with vllm_generation_for(args):  # on CPU, vLLM generation with a weight push that runs there
+            self._call_with_warnings_at_the_callers_line(
+                super().__init__, model, reward_funcs, args=args, train_dataset=train_dataset,
+                eval_dataset=eval_dataset, processing_class=processing_class,
+                reward_processing_classes=reward_processing_classes, callbacks=callbacks, optimizers=optimizers,
+                quantization_config=quantization_config, peft_config=peft_config, tools=tools,
+                rollout_func=rollout_func, environment_factory=environment_factory,
+            )  # fmt: skip
 
     def _generate_and_score_completions(self, inputs):
         """GRPOTrainer's generation (with dynamic sampling's extra rounds when on), then the bounds of the selected
