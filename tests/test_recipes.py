@@ -402,6 +402,7 @@ def test_help_renders():
 
 ACCELERATE_EXPECTED = {
     "single_gpu": ("NO", 1, None),
+    "cpu": ("NO", 1, None),  # the SmolLM2 recipes: one process, float32, on the CPU
     "multi_gpu": ("MULTI_GPU", 8, None),
     "zero2": ("DEEPSPEED", 8, 2),
     "zero3": ("DEEPSPEED", 8, 3),
@@ -421,8 +422,9 @@ def test_accelerate_config_loads(name):
     distributed_type, num_processes, zero_stage = ACCELERATE_EXPECTED[name]
     assert str(config.distributed_type).split(".")[-1] == distributed_type
     assert config.num_processes == num_processes
-    assert str(config.mixed_precision).split(".")[-1] == "bf16"
-    assert config.use_cpu is False
+    cpu = name == "cpu"
+    assert str(config.mixed_precision).split(".")[-1] == ("no" if cpu else "bf16")
+    assert config.use_cpu is cpu
     if zero_stage is not None:
         assert config.deepspeed_config["zero_stage"] == zero_stage
         offload = "cpu" if name == "zero3_offload" else "none"

@@ -309,7 +309,7 @@ def test_val_scorer_dapo_with_the_boxed_prompt_warns_as_training_does(recwarn):
     with pytest.warns(UserWarning, match=r"^val_scorer 'dapo' \(for aime2024\) with val_prompt_template='boxed'"):
         ScriptArguments(dataset_name=["d"], val_benchmarks=["aime2024"], val_scorer="aime2024=dapo,*=strict")
     recwarn.clear()
-    ScriptArguments(dataset_name=["d"], val_preset="bandpo")  # DAPO's prompt, AIME by "dapo": as it should be
+    ScriptArguments(dataset_name=["d"], val_preset="bandpo", prompt_template="dapo")  # DAPO's prompt, AIME by "dapo"
     ScriptArguments(
         dataset_name=["d"], val_benchmarks=["aime2024"], val_scorer="dapo", prompt_template="dapo", reward="dapo"
     )  # the training prompt, DAPO's, is validation's too
