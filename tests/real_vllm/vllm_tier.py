@@ -163,7 +163,7 @@ class ReusedEngine:
         self.requests += 1
         if self.llm is None:
             self.kwargs = dict(kwargs)
-            self.llm = LLM(**kwargs, **ENGINE_OVERRIDES)
+            self.llm = LLM(**(kwargs | ENGINE_OVERRIDES))  # the package's CPU push passes them too
         else:
             changed = {
                 key: (self.kwargs.get(key), kwargs.get(key)) for key in kwargs if kwargs[key] != self.kwargs.get(key)

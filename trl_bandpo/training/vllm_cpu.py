@@ -14,6 +14,7 @@ reload writes, but not its repacked GEMM copy, which is rebuilt after each reloa
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import tempfile
 from unittest import mock
@@ -55,8 +56,12 @@ class CpuVLLMGeneration(VLLMGeneration):
     """TRL's `VLLMGeneration` with a weight push that runs on CPU (see the module)."""
 
     def _init_vllm(self):
-        if self.mode != "server":
-            return super()._init_vllm()
+        if self.mode != "server":  # eager and float32: vLLM-CPU's defaults compile the model and run it in bfloat16
+            from trl.generation import vllm_generation
+
+            engine = functools.partial(vllm_generation.LLM, enforce_eager=True, dtype="float32")
+            with mock.patch.object(vllm_generation, "LLM", engine):
+                return super()._init_vllm()
         with mock.patch.object(VLLMClient, "init_communicator", lambda client, device=None: None):  # no NCCL group
             super()._init_vllm()
         if self.accelerator.is_main_process:
