@@ -121,7 +121,6 @@ def steps_part(args) -> list[str]:
 
 
 def generation_part(args) -> list[str]:
-    import requests
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.generation.vllm_client import VLLMClient
     from vllm import LLM, SamplingParams
@@ -166,7 +165,6 @@ def generation_part(args) -> list[str]:
                 start = time.perf_counter()
                 way()
                 times[name].append(time.perf_counter() - start)
-        requests.Session().close()
     base = statistics.median(times["transformers generate"])
     lines = ["| generation | median ms | ratio to transformers |", "|---|---:|---:|"]
     for name, values in times.items():

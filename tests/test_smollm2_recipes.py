@@ -72,6 +72,8 @@ def test_the_last_number_reward_reads_the_replys_last_number():
     assert reward([[{"role": "assistant", "content": "7"}]], solution=[" 7 "]) == [1.0]
     with pytest.raises(ValueError, match="needs one gold answer per completion"):
         reward(["7"])
+    with pytest.raises(ValueError, match="same length, got 3 and 2"):  # not a silently scored prefix
+        reward(["1", "2", "3"], solution=["1", "2"])
     assert LastNumberReward(correct=2.0, wrong=-1.0, name="n")(["1", "2"], solution=["1", "1"]) == [2.0, -1.0]
 
 

@@ -230,5 +230,5 @@ class LastNumberReward(_Reward):
 
     @staticmethod
     def _score(completions: Sequence[Any], solution: Sequence[Any]) -> list[bool]:
-        last = [(_NUMBER.findall(completion_text(c)) or [None])[-1] for c in completions]
-        return [number == str(gold).strip() for number, gold in zip(last, solution)]
+        pairs = paired(completions, solution)  # one gold answer per completion
+        return [(_NUMBER.findall(completion_text(c)) or [None])[-1] == str(gold).strip() for c, gold in pairs]
