@@ -1,6 +1,7 @@
 """The CPU study of docs/evidence.md: what Band and DGPO change against the fixed clip, with 95% intervals over seeds.
 
-    python benchmarks/study.py                                  # the plan: 2 arms x 7 methods x seeds 0-4, 300 steps
+    python benchmarks/study.py                                  # round 1: 2 arms x 7 methods x seeds 0-4, 300 steps
+    python benchmarks/study.py --arms exploration --lr LR --output-dir benchmarks/study_output_round2   # round 2
     python benchmarks/study.py --arms divisors --methods clip band_0.05 --seeds 0-1
     python benchmarks/study.py --report-only                    # statistics and figures from runs.csv only
 
@@ -17,12 +18,14 @@ and the plan's prompt spelling is kept):
   probabilities on the training prompts, and the shares of 8 samples per prompt at T=1) are recorded per seed as the
   ``warm_*`` columns: at seed 0, 0.88 on the smallest divisor, 0.03 on all the others together (0.005 each on
   average, 0.3% of them at 5% or more), 89% of samples valid.
+- ``exploration`` (round 2): the divisors task and its warm start (shared: one warm start per seed), rewarded by
+  `rarity_reward`: 1 for a valid answer other than the smallest divisor (a rare one), 0.5 for the smallest, 0 else.
 
 Methods (`METHODS`): clip 0.2/0.2 (the reference), Clip-Higher 0.2/0.28, Band KL radius 0.02 and 0.05 with upper cap
 10, DGPO n=1 m=2 0.2/0.2, DPPO-TV radius 0.15 with ratio cap 10,000, unclipped (clip 0.999/1e9). Every run has the
 demo's RL settings (`method_config`: constant lr 2e-4, 16 prompts x 8 completions per generation, 4 optimizer steps
-per pass, 2 passes, loss_type dapo, beta 0, T=1) for ``--steps`` optimizer steps, from the shared warm start of its
-(arm, seed), under that seed.
+per pass, 2 passes, loss_type dapo, beta 0, T=1; round 2 sets ``--lr``) for ``--steps`` optimizer steps, from the
+shared warm start of its (arm, seed), under that seed.
 
 Metrics per run (the columns of ``runs.csv``; `METRICS` names the plan's seven):
 
@@ -36,6 +39,11 @@ Metrics per run (the columns of ``runs.csv``; `METRICS` names the plan's seven):
 5. ``entropy_last30``: mean of the logged ``entropy`` over the last 30 optimizer steps;
 6. ``clip_rate``: mean of ``clip_ratio/region_mean`` over all logged steps;
 7. ``heldout_mean_at8``: held-out mean@8 at T=1 (the samples of 4);
+
+and round 2's (`METRICS` "E1" to "E8", on the exploration arm): ``steps_to_rare_25pct`` (as metric 2 with a 25%
+share; ``rare25_censored``), ``rare_share_50`` and ``rare_share_150`` (the probes' rare share at those steps),
+``final_rare_share`` (at the last probe), ``entropy_last30``, ``heldout_reward`` (the arm's reward, mean over the
+first 8 held-out samples), ``clip_rate`` and ``tail_share``;
 
 plus ``train_seconds`` (the RL training, metric 2's probes included), ``run_seconds`` (with loading and the final
 evaluation) and the warm start's ``warm_*``. One 300-step run takes about 10 s on one thread of a 2-core CPU, a warm
@@ -76,7 +84,9 @@ from trl_bandpo.demo.report import metrics_frame, summarize_history, tail_share_
 from trl_bandpo.demo.runs import method_config, train_method  # noqa: E402
 from trl_bandpo.demo.task import correctness_reward, make_problems  # noqa: E402
 
-ARMS = ("addition", "divisors")
+ARMS = ("addition", "divisors", "exploration")
+ROUND1_ARMS = ("addition", "divisors")  # round 1's plan, the default --arms
+DIVISOR_ARMS = ("divisors", "exploration")  # the divisors task: its warm start, probes and rare answers
 #: The plan's methods: label and `PolicyLossConfig` fields; "clip" is the reference of every paired difference.
 _BAND = {"policy_loss": "band", "band_divergence": "kl", "band_upper_max": 10.0}
 METHODS = {
@@ -91,29 +101,41 @@ METHODS = {
 REFERENCE = "clip"
 #: The plan's metrics: (column, title, arms it is defined on).
 METRICS = (
-    ("tail_share", "1. tail share of upper clipping", ARMS),
+    ("tail_share", "1. tail share of upper clipping", ROUND1_ARMS),
     ("steps_to_rare_10pct", "2. steps until rare answers reach 10%", ("divisors",)),
     ("distinct_valid", "3. distinct valid answers per held-out prompt", ("divisors",)),
-    ("pass_minus_mean_at8", "4. pass@8 - mean@8 (held out)", ARMS),
-    ("entropy_last30", "5. entropy, last 30 steps", ARMS),
-    ("clip_rate", "6. clip rate (clip_ratio/region_mean)", ARMS),
-    ("heldout_mean_at8", "7. held-out mean@8 (T=1)", ARMS),
+    ("pass_minus_mean_at8", "4. pass@8 - mean@8 (held out)", ROUND1_ARMS),
+    ("entropy_last30", "5. entropy, last 30 steps", ROUND1_ARMS),
+    ("clip_rate", "6. clip rate (clip_ratio/region_mean)", ROUND1_ARMS),
+    ("heldout_mean_at8", "7. held-out mean@8 (T=1)", ROUND1_ARMS),
+    # round 2's exploration arm (docs/evidence.md, "Round 2")
+    ("steps_to_rare_25pct", "E1. steps until rare answers reach 25%", ("exploration",)),
+    ("rare_share_50", "E2. rare share at step 50", ("exploration",)),
+    ("rare_share_150", "E3. rare share at step 150", ("exploration",)),
+    ("final_rare_share", "E4. rare share at the end", ("exploration",)),
+    ("entropy_last30", "E5. entropy, last 30 steps", ("exploration",)),
+    ("heldout_reward", "E6. held-out reward (T=1)", ("exploration",)),
+    ("clip_rate", "E7. clip rate (clip_ratio/region_mean)", ("exploration",)),
+    ("tail_share", "E8. tail share of upper clipping", ("exploration",)),
 )
+#: The metrics counted from probes, with the column that says a run never reached the share (it counts as
+#: ``steps + probe_every``).
+CENSORED = {"steps_to_rare_10pct": "rare_censored", "steps_to_rare_25pct": "rare25_censored"}
 WARM_COLUMNS = (
     "warm_sft_steps", "warm_seconds", "warm_probe_accuracy", "warm_heldout_mean_at8", "warm_dominant_mass",
     "warm_rare_mass", "warm_rare_answer_mean", "warm_rare_answer_max", "warm_rare_answers_over_5pct",
     "warm_dominant_share", "warm_rare_share", "warm_invalid_share",
 )  # fmt: skip
 COLUMNS = (
-    "arm", "method", "seed", "steps", *(name for name, _, _ in METRICS), "rare_censored", "pass_at8",
-    "final_rare_share", "train_reward_last", "train_seconds", "run_seconds", *WARM_COLUMNS,
+    "arm", "method", "seed", "steps", *dict.fromkeys(name for name, _, _ in METRICS), *CENSORED.values(),
+    "pass_at8", "train_reward_last", "train_seconds", "run_seconds", *WARM_COLUMNS,
 )  # fmt: skip
 RUNS_CSV = "runs.csv"
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "study_output"
 
 ADDITION_MAX_OPERAND, ADDITION_HELD_OUT = 20, 100  # the demo's
 DIVISORS_BELOW, DIVISORS_MIN_DIVISORS, DIVISORS_HELD_OUT = 200, 4, 20
-RARE_TARGET = 0.1  # metric 2: the share of rare answers among the probe's samples
+RARE_TARGETS = {"steps_to_rare_10pct": 0.1, "steps_to_rare_25pct": 0.25}  # shares of rare answers among the probes'
 PROBE_SAMPLES, DISTINCT_SAMPLES, HELDOUT_SAMPLES = 8, 16, 8
 ENTROPY_WINDOW = 30
 WARMUP_LR, WARMUP_BATCH = 3e-3, 64  # the demo's warm start
@@ -143,7 +165,7 @@ def divisors_problems(seed: int) -> tuple[list[dict], list[dict]]:
 
 def problems(arm: str, seed: int) -> tuple[list[dict], list[dict]]:
     """(training rows, held-out rows) of `arm` under `seed`; every row has ``prompt``, ``answer`` and ``valid``."""
-    if arm == "divisors":
+    if arm in DIVISOR_ARMS:
         return divisors_problems(seed)
     train, held_out = make_problems(ADDITION_MAX_OPERAND, 0, ADDITION_HELD_OUT, seed)
     with_valid = lambda rows: [{**row, "valid": row["answer"]} for row in rows]  # noqa: E731
@@ -155,7 +177,14 @@ def valid_answer_reward(completions, valid, **kwargs) -> list[float]:
     return [1.0 if str(c).strip() in v.split() else 0.0 for c, v in zip(completions, valid)]
 
 
-REWARDS = {"addition": correctness_reward, "divisors": valid_answer_reward}
+def rarity_reward(completions, answer, valid, **kwargs) -> list[float]:
+    """The exploration arm's reward: 1.0 for a valid answer other than the row's smallest divisor (`answer`), 0.5 for
+    the smallest, 0.0 for anything else."""
+    score = lambda text, smallest, ok: 0.5 if text == smallest else 1.0 if text in ok.split() else 0.0  # noqa: E731
+    return [score(str(c).strip(), a, v) for c, a, v in zip(completions, answer, valid)]
+
+
+REWARDS = {"addition": correctness_reward, "divisors": valid_answer_reward, "exploration": rarity_reward}
 
 
 def max_new_tokens(arm: str) -> int:
@@ -255,17 +284,21 @@ def answer_masses(model, tokenizer, rows) -> dict[str, float]:
 
 def heldout_metrics(model, tokenizer, rows, arm: str, seed: int) -> dict[str, float]:
     """Metrics 3, 4 and 7 on the held-out `rows`: mean@8, pass@8 and their difference from the first 8 samples per
-    problem; on divisors the mean number of distinct valid answers among 16 samples."""
-    samples = DISTINCT_SAMPLES if arm == "divisors" else HELDOUT_SAMPLES
+    problem; on the divisors task the mean number of distinct valid answers among 16 samples; and the mean of the
+    arm's reward over the first 8 (``heldout_reward``)."""
+    samples = DISTINCT_SAMPLES if arm in DIVISOR_ARMS else HELDOUT_SAMPLES
     texts = sample_answers(model, tokenizer, [row["prompt"] for row in rows], samples, seed, max_new_tokens(arm))
     valid = [set(row["valid"].split()) for row in rows]
     hits = [[text in ok for text in drawn[:HELDOUT_SAMPLES]] for drawn, ok in zip(texts, valid)]
     mean_at8 = sum(sum(h) / len(h) for h in hits) / len(hits)
     pass_at8 = sum(any(h) for h in hits) / len(hits)
     distinct = sum(len(set(drawn) & ok) for drawn, ok in zip(texts, valid)) / len(rows)
+    rewards = [REWARDS[arm](drawn[:HELDOUT_SAMPLES], answer=[row["answer"]] * HELDOUT_SAMPLES,
+                            valid=[row["valid"]] * HELDOUT_SAMPLES) for drawn, row in zip(texts, rows)]  # fmt: skip
     return {
         "heldout_mean_at8": mean_at8, "pass_at8": pass_at8, "pass_minus_mean_at8": pass_at8 - mean_at8,
-        "distinct_valid": distinct if arm == "divisors" else math.nan,
+        "distinct_valid": distinct if arm in DIVISOR_ARMS else math.nan,
+        "heldout_reward": sum(map(sum, rewards)) / (HELDOUT_SAMPLES * len(rows)),
     }  # fmt: skip
 
 
@@ -284,7 +317,7 @@ def warm_settings(arm: str, args) -> dict:
 def warm_start(arm: str, seed: int, train_rows, eval_rows, out: Path, args) -> tuple[Path, dict]:
     """The warm start of (`arm`, `seed`) in ``out/warmstart/<arm>-seed<seed>`` (reused when its settings match) and
     its ``warm_*`` columns. Addition runs the demo's `warm_start`; divisors the demo's `fine_tune` on
-    `WarmStartRows`."""
+    `WarmStartRows` (the exploration arm starts from the divisors warm start: `run_study`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
     from trl_bandpo.demo import sft
@@ -324,7 +357,7 @@ def warm_start(arm: str, seed: int, train_rows, eval_rows, out: Path, args) -> t
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     columns["warm_heldout_mean_at8"] = heldout_metrics(model, tokenizer, eval_rows, arm, seed)["heldout_mean_at8"]
-    if arm == "divisors":
+    if arm in DIVISOR_ARMS:
         columns.update({f"warm_{name}": value for name, value in answer_masses(model, tokenizer, train_rows).items()})
         probe = sample_answers(model, tokenizer, [row["prompt"] for row in train_rows], PROBE_SAMPLES, seed,
                                max_new_tokens(arm))  # fmt: skip
@@ -350,12 +383,12 @@ def run_one(arm: str, method: str, seed: int, model_path: Path, train_rows, eval
         """Metric 2's samples every `args.probe_every` optimizer steps (divisors)."""
 
         def on_step_end(self, _, state, control, model=None, **kwargs):
-            if arm == "divisors" and state.global_step % args.probe_every == 0:
+            if arm in DIVISOR_ARMS and state.global_step % args.probe_every == 0:
                 texts = sample_answers(model, tokenizer, prompts, PROBE_SAMPLES, seed + state.global_step,
                                        max_new_tokens(arm))  # fmt: skip
                 probes.append({"step": state.global_step, **answer_shares(texts, train_rows)})
 
-    rl = SimpleNamespace(seed=seed, steps=args.steps, lr=2e-4, prompts_per_generation=args.prompts_per_generation,
+    rl = SimpleNamespace(seed=seed, steps=args.steps, lr=args.lr, prompts_per_generation=args.prompts_per_generation,
                          num_generations=args.num_generations, steps_per_generation=args.steps_per_generation,
                          num_iterations=args.num_iterations, temperature=1.0)  # fmt: skip
     config = method_config(METHODS[method], out / "trainer", rl, max_new_tokens(arm))
@@ -378,10 +411,15 @@ def run_one(arm: str, method: str, seed: int, model_path: Path, train_rows, eval
         clip_rate=summary["clip_rate_mean"],
         train_reward_last=summary["train_reward_last"], train_seconds=train_seconds,
     )  # fmt: skip
-    if arm == "divisors":
-        reached = [probe["step"] for probe in probes if probe["rare"] >= RARE_TARGET]
-        row.update(steps_to_rare_10pct=reached[0] if reached else args.steps + args.probe_every,
-                   rare_censored=not reached, final_rare_share=probes[-1]["rare"] if probes else math.nan)  # fmt: skip
+    if arm in DIVISOR_ARMS:
+        for metric, target in RARE_TARGETS.items():
+            reached = [probe["step"] for probe in probes if probe["rare"] >= target]
+            row.update(
+                {metric: reached[0] if reached else args.steps + args.probe_every, CENSORED[metric]: not reached}
+            )
+        share_at = {probe["step"]: probe["rare"] for probe in probes}
+        row.update(rare_share_50=share_at.get(50, math.nan), rare_share_150=share_at.get(150, math.nan),
+                   final_rare_share=probes[-1]["rare"] if probes else math.nan)  # fmt: skip
     logged = [{key: entry[key] for key in _KEPT if key in entry} for entry in history]
     row["run_seconds"] = time.time() - start
     del trainer, model
@@ -457,7 +495,7 @@ def _write_atomically(path: Path, text: str) -> None:
 #: The arguments that change a run's numbers: a study folder holds runs of one setting only (``study.json``).
 _RUN_SETTINGS = ("steps", "hidden_size", "addition_warmup_steps", "addition_warmup_target", "divisors_warmup_steps",
                  "prompts_per_generation", "num_generations", "steps_per_generation", "num_iterations",
-                 "probe_every")  # fmt: skip
+                 "probe_every", "lr")  # fmt: skip
 
 
 def check_settings(args, out: Path) -> None:
@@ -499,9 +537,10 @@ def run_study(args, out: Path) -> int:
             for arm, seed, method in pending:
                 bar.set_postfix_str(f"{arm} {method} seed {seed}")
                 train_rows, eval_rows = problems(arm, seed)
-                if (arm, seed) not in warm:
-                    warm[arm, seed] = warm_start(arm, seed, train_rows, eval_rows, out, args)
-                path, warm_columns = warm[arm, seed]
+                warm_arm = "divisors" if arm in DIVISOR_ARMS else arm  # one warm start for the divisors task
+                if (warm_arm, seed) not in warm:
+                    warm[warm_arm, seed] = warm_start(warm_arm, seed, train_rows, eval_rows, out, args)
+                path, warm_columns = warm[warm_arm, seed]
                 row, history = run_one(arm, method, seed, path, train_rows, eval_rows, out, args)
                 _write_atomically(out / "histories" / f"{arm}__{method}__seed{seed}.json", json.dumps(history))
                 append_run(out / RUNS_CSV, {**row, **warm_columns})
@@ -583,8 +622,8 @@ def summarize(runs) -> list[dict]:
                     pairs, diff, diff_low, diff_high = t_interval(diffs)
                     entry.update(n_paired=pairs, diff=diff, diff_low=diff_low, diff_high=diff_high,
                                  verdict=verdict(diff_low, diff_high))  # fmt: skip
-                if metric == "steps_to_rare_10pct":
-                    entry["censored"] = sum(row.get("rare_censored") in ("True", True) for row in
+                if metric in CENSORED:
+                    entry["censored"] = sum(row.get(CENSORED[metric]) in ("True", True) for row in
                                             table[arm, method].values())  # fmt: skip
                 out.append(entry)
     return out
@@ -640,7 +679,7 @@ def summary_markdown(rows: list[dict], runs: list[dict], study: dict) -> str:
                 f"| {row['title']} | {row['label']} | {row['n']} | "
                 f"{_interval(row['mean'], row['ci_low'], row['ci_high'])}{note} | {diff} | {row['verdict']} |"
             )
-        if arm == "divisors":
+        if arm in DIVISOR_ARMS:
             lines += ["", "Warm starts (training prompts): exact probability of the smallest divisor (dominant) and "
                       "of the other valid answers (rare: their sum; per answer: mean, largest, share >= 5%), and the "
                       "shares of 8 samples per prompt at T=1.", "",
@@ -676,7 +715,7 @@ def plot_curves(path: Path, arm: str, histories: dict[str, list[dict]], updates:
 
     panels = [("reward", "reward (mean per generation batch)"), ("entropy", "entropy"),
               ("clip_ratio/region_mean", "clip_ratio/region_mean (off-policy steps per batch)")]  # fmt: skip
-    if arm == "divisors":
+    if arm in DIVISOR_ARMS:
         panels.append(("rare", "rare valid answers, share of samples (training prompts)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.6), squeeze=False)
     for ax, (key, title) in zip(axes[0], panels):
@@ -793,7 +832,7 @@ FLAG_CHECKS = {
     "addition_warmup_steps": Integer(low=0), "addition_warmup_target": Number(0, 1),
     "divisors_warmup_steps": Integer(low=0), "prompts_per_generation": Integer(low=1),
     "num_generations": Integer(low=2), "steps_per_generation": Integer(low=1), "num_iterations": Integer(low=1),
-    "probe_every": Integer(low=1),
+    "probe_every": Integer(low=1), "lr": Number(0, 1, low_open=True),
 }  # fmt: skip
 #: Seeds seed the warm starts and runs through NumPy too (below 2**32); a study of more runs would take days.
 MAX_SEED, MAX_SEEDS = 2**32 - 1, 1000
@@ -829,10 +868,11 @@ def build_parser() -> argparse.ArgumentParser:
         "then summary.csv, summary.md and figures (intervals over seeds, paired differences with clip).",
     )  # fmt: skip
     parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT), help="Folder of runs.csv and the summaries.")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), help=f"Arms, any of: {', '.join(ARMS)}.")
+    parser.add_argument("--arms", nargs="+", default=list(ROUND1_ARMS), help=f"Arms, any of: {', '.join(ARMS)}.")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"Any of: {', '.join(METHODS)}.")
     parser.add_argument("--seeds", nargs="+", default=["0-4"], help="Seeds, e.g. 0-4 or 0 1 2.")
     parser.add_argument("--steps", type=int, default=300, help="RL optimizer steps per run.")
+    parser.add_argument("--lr", type=float, default=2e-4, help="RL learning rate (constant).")
     parser.add_argument("--report-only", action="store_true", help="Only the statistics and figures of runs.csv.")
     parser.add_argument("--quiet", action="store_true", help="No progress bar.")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: as is).")

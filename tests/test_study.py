@@ -143,6 +143,27 @@ def test_a_second_invocation_resumes_without_redoing_finished_runs(tiny_study, m
         study.main([*TINY[:-1], "--steps", "5", "--quiet", "--output-dir", str(tiny_study)])
 
 
+def test_the_exploration_reward_pays_rare_valid_answers_twice_the_smallest():
+    completions = ["2", " 3 ", "6", "5", "12", "", "2 3"]
+    assert study.rarity_reward(completions, ["2"] * 7, ["2 3 4 6"] * 7) == [0.5, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+@pytest.mark.slow
+def test_the_exploration_arm_starts_from_the_divisors_warm_start(tiny_study):
+    assert study.main([*TINY, "--arms", "exploration", "--methods", "clip", "--output-dir", str(tiny_study)]) == 0
+    rows = {(row["arm"], row["method"]): row for row in _rows(tiny_study / "runs.csv")}
+    explored, divisors = rows["exploration", "clip"], rows["divisors", "clip"]
+    assert not (tiny_study / "warmstart" / "exploration-seed0").exists()
+    assert all(explored[key] == divisors[key] for key in study.WARM_COLUMNS)  # the same warm start, not rebuilt
+    assert float(explored["steps_to_rare_25pct"]) in (2, 4, 6)  # probes at 2 and 4; censored: 4 + 2
+    assert (explored["rare25_censored"] == "True") == (float(explored["steps_to_rare_25pct"]) == 6)
+    assert explored["rare_share_50"] == explored["rare_share_150"] == ""  # a 4-step run has no probe there
+    assert 0 <= float(explored["final_rare_share"]) <= 1 and 0 <= float(explored["heldout_reward"]) <= 1
+    summary = {(r["arm"], r["metric"]): r for r in _rows(tiny_study / "summary.csv") if r["method"] == "clip"}
+    assert summary["exploration", "steps_to_rare_25pct"]["censored"] in ("0", "1")
+    assert ("exploration", "distinct_valid") not in summary and ("divisors", "heldout_reward") not in summary
+
+
 @pytest.mark.slow
 def test_a_run_repeats_exactly_from_its_seed(tiny_study):
     """The same (arm, method, seed) from the same warm start gives the same numbers (times aside)."""
@@ -188,7 +209,7 @@ BAD_VALUES = [
     (["--addition-warmup-target", "nan"], None, "--addition-warmup-target must be a number in [0, 1], got nan."),
     # before: ValueError "invalid literal for int()" from the report
     (["--report-only"], lambda out: _runs_csv_with_seed(out, "abc"), "runs.csv line 2: arm and seed must be one of "
-     "['addition', 'divisors'] and an integer >= 0, got ('addition', 'abc')."),
+     "['addition', 'divisors', 'exploration'] and an integer >= 0, got ('addition', 'abc')."),
     # before: AttributeError "'list' object has no attribute 'get'"
     ([], lambda out: (out.mkdir(), (out / "study.json").write_text("[1, 2]")), "study.json must be a JSON object "
      '{"settings": {...}, ...} as this script writes (else use another --output-dir), got [1, 2].'),
