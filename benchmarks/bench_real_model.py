@@ -6,9 +6,11 @@ settings), all sharing one model (LoRA rank 16 on every linear layer, or every w
 batch of the recipes' micro-batch (8 completions of the chat addition task, forced to 16 tokens, sampled under the
 same seed from the same weights: the same tokens for every loss). A step is what a training step does once its batch
 is there: forward, the policy loss, backward and an AdamW step (learning rate 0, so that every loss sees the same
-weights). Rounds interleave the losses (the order rotated each round); the table gives each loss's median and its
-paired ratio to `clip` (the median over rounds of its step over clip's in the same round). Per generation batch
-the Band losses also solve their bounds, once: `benchmarks/bench_band.py` times that.
+weights). Each round times every loss once, each right after or right before a step of `clip` (alternating by
+round), in an order shifted from round to round so that every loss comes early, in the middle and late; the table
+gives each loss's median and its paired ratio to `clip` (the median over rounds of its step over the adjacent clip
+step: a drift of the machine's speed within a round, which a fixed order turns into a bias, cancels out of it). Per
+generation batch the Band losses also solve their bounds, once: `benchmarks/bench_band.py` times that.
 
 ``--part generation`` (in the vLLM environment, ``.venv-vllm``): 16 completions (4 prompts x 4) forced to 16 tokens,
 at temperature 0.7, by ``model.generate``, by a colocated ``vllm.LLM`` (float32, eager) and by a server started with
@@ -21,6 +23,7 @@ at temperature 0.7, by ``model.generate``, by a colocated ``vllm.LLM`` (float32,
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -104,17 +107,25 @@ def steps_part(args) -> list[str]:
             names = dict.fromkeys(["clip", *losses])
             trainers = {name: loss_trainer(name, base, tokenizer, f"{tmp}/{name}") for name in names}
             times = {name: [] for name in trainers}
+            ratios = {name: [] for name in trainers}
             for trainer, inputs in trainers.values():  # one untimed step each: allocators, autograd
                 time_step(trainer, inputs, optimizer)
-            order = list(trainers)
+            order = [name for name in trainers if name != "clip"]
             for round_ in range(args.rounds):
-                for name in order[round_ % len(order) :] + order[: round_ % len(order)]:
-                    times[name].append(time_step(*trainers[name], optimizer))
+                shift = round_ * len(order) // args.rounds  # each loss early, middle and late in some round
+                for name in order[shift:] + order[:shift]:
+                    # clip's step right before or after (alternating by round), so that a drift of the machine's
+                    # speed within a round cancels out of the paired ratio
+                    pair = (name, "clip") if round_ % 2 else ("clip", name)
+                    spent = {which: time_step(*trainers[which], optimizer) for which in pair}
+                    ratios[name].append(spent[name] / spent["clip"])
+                    for which, seconds in spent.items():
+                        times[which].append(seconds)
                 print(f"{mode}: round {round_ + 1}/{args.rounds} done", flush=True)
         clip = statistics.median(times["clip"])
         for name in losses:
             median = statistics.median(times[name])
-            paired = statistics.median(t / c for t, c in zip(times[name], times["clip"]))
+            paired = statistics.median(ratios[name]) if name != "clip" else 1.0
             lines.append(f"| {mode} | {name} | {1e3 * median:.0f} | {median / clip:.3f} | {paired:.3f} |")
             print(lines[-1], flush=True)
     return lines
@@ -130,6 +141,7 @@ def generation_part(args) -> list[str]:
 
     from trl_bandpo.data.models import resolve_model
 
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine: else each sizes its cache from the RAM
     folder = str(resolve_model(MODEL))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"
