@@ -132,6 +132,8 @@ COLUMNS = (
 )  # fmt: skip
 RUNS_CSV = "runs.csv"
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "study_output"
+#: Round 2's runs (the exploration arm) default to a folder of their own: round 1's holds its plan's runs only.
+DEFAULT_OUTPUT_ROUND2 = Path(__file__).resolve().parent / "study_output_round2"
 
 ADDITION_MAX_OPERAND, ADDITION_HELD_OUT = 20, 100  # the demo's
 DIVISORS_BELOW, DIVISORS_MIN_DIVISORS, DIVISORS_HELD_OUT = 200, 4, 20
@@ -867,7 +869,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="The CPU study of docs/evidence.md: every (arm, method, seed) not yet in <output-dir>/runs.csv, "
         "then summary.csv, summary.md and figures (intervals over seeds, paired differences with clip).",
     )  # fmt: skip
-    parser.add_argument("--output-dir", default=str(DEFAULT_OUTPUT), help="Folder of runs.csv and the summaries.")
+    parser.add_argument(
+        "--output-dir",
+        default=None,
+        help="Folder of runs.csv and the summaries (default: "
+        f"{DEFAULT_OUTPUT.name} for round 1's arms, {DEFAULT_OUTPUT_ROUND2.name} for exploration).",
+    )
     parser.add_argument("--arms", nargs="+", default=list(ROUND1_ARMS), help=f"Arms, any of: {', '.join(ARMS)}.")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"Any of: {', '.join(METHODS)}.")
     parser.add_argument("--seeds", nargs="+", default=["0-4"], help="Seeds, e.g. 0-4 or 0 1 2.")
@@ -903,6 +910,11 @@ def main(argv=None) -> int:
             refuse("--hidden-size", "a multiple of 8", args.hidden_size)
         if (args.prompts_per_generation * args.num_generations) % args.steps_per_generation:
             raise ValueError("--steps-per-generation: expected a divisor of prompts x generations")
+        if args.output_dir is None:
+            default = DEFAULT_OUTPUT if set(args.arms) <= set(ROUND1_ARMS) else DEFAULT_OUTPUT_ROUND2
+            if default == DEFAULT_OUTPUT_ROUND2 and not set(args.arms).isdisjoint(ROUND1_ARMS):
+                refuse("--arms", "round 1's arms or the exploration arm, not both, without --output-dir", args.arms)
+            args.output_dir = str(default)
         out = Path(args.output_dir).expanduser()
         out.mkdir(parents=True, exist_ok=True)
         if not args.report_only:

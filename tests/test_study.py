@@ -291,3 +291,13 @@ def test_intervals_and_paired_differences_match_hand_computed_values(tmp_path):
     text = (tmp_path / "summary.md").read_text()
     assert "no difference detected" in text and "+0.100 [0.080, 0.120]" in text
     assert (tmp_path / "differences_addition.png").is_file()
+
+
+def test_round_2_defaults_to_its_own_folder_and_is_not_mixed_into_round_1s(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(study, "DEFAULT_OUTPUT_ROUND2", tmp_path / "round2")
+    with pytest.raises(SystemExit):  # the folder is round 2's: nothing to report there yet
+        study.main(["--arms", "exploration", "--report-only", "--quiet"])
+    assert f"no finished runs in {tmp_path / 'round2' / 'runs.csv'}" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        study.main(["--arms", "divisors", "exploration", "--quiet"])
+    assert "--arms must be round 1's arms or the exploration arm, not both" in capsys.readouterr().err
