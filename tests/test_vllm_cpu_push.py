@@ -18,6 +18,7 @@ import pytest
 
 from trl_bandpo.cli import main as cli_main
 from trl_bandpo.cli.vllm_serve import vllm_serve_main
+from trl_bandpo.data import models
 from trl_bandpo.training.vllm_cpu import RELOAD_METHOD, CpuWeightReload
 
 EXTENSION = "trl_bandpo.training.vllm_cpu.CpuWeightReload"
@@ -132,7 +133,8 @@ def test_vllm_serve_resolves_a_packaged_model(vllm_main, monkeypatch, tmp_path):
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
     files = {"config.json": hashlib.sha256(b"{}").hexdigest()}
-    (folder / "trl_bandpo_model.json").write_text(json.dumps({"model": "smollm2-135m-instruct", "files": files}))
+    manifest = {"model": "smollm2-135m-instruct", "format": models.FORMAT, "files": files}
+    (folder / models.MANIFEST).write_text(json.dumps(manifest))
     vllm_serve_main(["smollm2-135m-instruct", "--port", "1"])
     assert vllm_main[0]["argv"] == ["vllm", "serve", str(folder), "--port", "1"]
 
