@@ -2,6 +2,7 @@
 
     python benchmarks/study.py                                  # round 1: 2 arms x 7 methods x seeds 0-4, 300 steps
     python benchmarks/study.py --arms exploration --lr LR --output-dir benchmarks/study_output_round2   # round 2
+    python benchmarks/study.py --arms smollm2             # round 2's real model: 7 methods x seeds 0-4, LoRA
     python benchmarks/study.py --arms divisors --methods clip band_0.05 --seeds 0-1
     python benchmarks/study.py --report-only                    # statistics and figures from runs.csv only
 
@@ -20,6 +21,12 @@ and the plan's prompt spelling is kept):
   average, 0.3% of them at 5% or more), 89% of samples valid.
 - ``exploration`` (round 2): the divisors task and its warm start (shared: one warm start per seed), rewarded by
   `rarity_reward`: 1 for a valid answer other than the smallest divisor (a rare one), 0.5 for the smallest, 0 else.
+- ``smollm2`` (round 2's real-model arm, run alone, into ``benchmarks/study_output_real_model`` by default): the
+  pretrained SmolLM2-135M-Instruct (``--model``; the packaged name is fetched on first use) trained with LoRA (rank
+  16, every linear layer) on the demo's chat task with ``--model`` ("What is a + b? Answer with only the number.",
+  a, b < 10, 20 held out by the seed, `last_number_reward`, replies of at most 16 tokens at T = 0.7), with the
+  defaults of `REAL_MODEL_DEFAULTS` for the flags not given and the methods of `REAL_MODEL_METHODS` (CPPO δ = 0.15
+  replaces unclipped). No warm start: the pretrained model's held-out metrics per seed are the ``warm_heldout_*``.
 
 Methods (`METHODS`): clip 0.2/0.2 (the reference), Clip-Higher 0.2/0.28, Band KL radius 0.02 and 0.05 with upper cap
 10, DGPO n=1 m=2 0.2/0.2, DPPO-TV radius 0.15 with ratio cap 10,000, unclipped (clip 0.999/1e9). Every run has the
@@ -43,7 +50,13 @@ Metrics per run (the columns of ``runs.csv``; `METRICS` names the plan's seven):
 and round 2's (`METRICS` "E1" to "E8", on the exploration arm): ``steps_to_rare_25pct`` (as metric 2 with a 25%
 share; ``rare25_censored``), ``rare_share_50`` and ``rare_share_150`` (the probes' rare share at those steps),
 ``final_rare_share`` (at the last probe), ``entropy_last30``, ``heldout_reward`` (the arm's reward, mean over the
-first 8 held-out samples), ``clip_rate`` and ``tail_share``;
+first 8 held-out samples), ``clip_rate`` and ``tail_share``; round 2's real-model arm's ("R1" to "R9"):
+``reward_area`` (the logged training reward, mean per generation batch, averaged over the batches: the area under
+the reward curve over its length), ``heldout_mean_at4`` (4 samples per held-out problem at T = 0.7, with
+``pass_at4`` and ``pass_minus_mean_at4``), ``heldout_greedy``, ``entropy_last_quarter``, ``clip_rate``,
+``clip_rate_p<a>-<b>`` (the clip rate, both sides, of tokens whose old probability is in [a, b): mean of
+``clip_ratio_by_prob/*`` over the steps; one column per bucket, R7 and R8 the lowest and the highest) and
+``tail_share``;
 
 plus ``train_seconds`` (the RL training, metric 2's probes included), ``run_seconds`` (with loading and the final
 evaluation) and the warm start's ``warm_*``. One 300-step run takes about 10 s on one thread of a 2-core CPU, a warm
@@ -55,7 +68,9 @@ flushed per finished run; a killed study resumes by skipping the (arm, method, s
 seed), ``study.json`` (the settings the rows were made with: a rerun with others is refused), then ``summary.csv``
 (per arm, method and metric: n, mean and 95% t-interval over seeds, the paired difference with clip on the same seeds
 and its 95% t-interval, verdict "higher", "lower" or "no difference detected" where that interval contains 0),
-``summary.md`` and the figures ``curves_<arm>.png``, ``estimates_<arm>.png``, ``differences_<arm>.png``.
+``summary.md`` and the figures ``curves_<arm>.png``, ``estimates_<arm>.png``, ``differences_<arm>.png`` (and
+``buckets_smollm2.png``, the clip rate by old token probability). A ``runs.csv`` of an earlier version of this script
+gains the new columns, empty.
 """
 
 from __future__ import annotations
@@ -79,14 +94,17 @@ if __package__ in (None, ""):  # `python benchmarks/study.py` from anywhere
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trl_bandpo.core.checks import Integer, Number, refuse  # noqa: E402
+from trl_bandpo.data.models import resolve_model  # noqa: E402
+from trl_bandpo.demo.cli import CHAT_COMPLETION_TOKENS  # noqa: E402
 from trl_bandpo.demo.figure import clip_rate_per_generation_batch  # noqa: E402
 from trl_bandpo.demo.report import metrics_frame, summarize_history, tail_share_of_upper_clipping  # noqa: E402
 from trl_bandpo.demo.runs import method_config, train_method  # noqa: E402
-from trl_bandpo.demo.task import correctness_reward, make_problems  # noqa: E402
+from trl_bandpo.demo.task import correctness_reward, last_number_reward, make_problems  # noqa: E402
 
-ARMS = ("addition", "divisors", "exploration")
+ARMS = ("addition", "divisors", "exploration", "smollm2")
 ROUND1_ARMS = ("addition", "divisors")  # round 1's plan, the default --arms
 DIVISOR_ARMS = ("divisors", "exploration")  # the divisors task: its warm start, probes and rare answers
+REAL_MODEL_ARM = "smollm2"  # round 2's real-model arm: a pretrained chat model with LoRA, run alone
 #: The plan's methods: label and `PolicyLossConfig` fields; "clip" is the reference of every paired difference.
 _BAND = {"policy_loss": "band", "band_divergence": "kl", "band_upper_max": 10.0}
 METHODS = {
@@ -97,8 +115,12 @@ METHODS = {
     "dgpo": {"label": "DGPO", "policy_loss": "dgpo", "epsilon": 0.2, "epsilon_high": 0.2, "dgpo_n": 1, "dgpo_m": 2.0},
     "dppo_tv": {"label": "DPPO-TV", "policy_loss": "dppo_tv", "dppo_tv_radius": 0.15, "dppo_ratio_cap": 10000.0},
     "unclipped": {"label": "unclipped", "policy_loss": "clip", "epsilon": 0.999, "epsilon_high": 1e9},
+    "cppo": {"label": "CPPO δ=0.15", "policy_loss": "cppo", "cppo_delta": 0.15},
 }  # fmt: skip
 REFERENCE = "clip"
+#: The methods run when --methods is not given: round 1's seven on the tiny model's arms, the real-model arm's seven.
+DEFAULT_METHODS = tuple(name for name in METHODS if name != "cppo")
+REAL_MODEL_METHODS = ("clip", "clip_higher", "band_0.02", "band_0.05", "dgpo", "dppo_tv", "cppo")
 #: The plan's metrics: (column, title, arms it is defined on).
 METRICS = (
     ("tail_share", "1. tail share of upper clipping", ROUND1_ARMS),
@@ -117,25 +139,45 @@ METRICS = (
     ("heldout_reward", "E6. held-out reward (T=1)", ("exploration",)),
     ("clip_rate", "E7. clip rate (clip_ratio/region_mean)", ("exploration",)),
     ("tail_share", "E8. tail share of upper clipping", ("exploration",)),
+    # round 2's real-model arm
+    ("reward_area", "R1. reward-curve area (mean training reward)", (REAL_MODEL_ARM,)),
+    ("heldout_mean_at4", "R2. held-out mean@4 (T=0.7)", (REAL_MODEL_ARM,)),
+    ("heldout_greedy", "R3. held-out greedy accuracy", (REAL_MODEL_ARM,)),
+    ("pass_minus_mean_at4", "R4. pass@4 - mean@4 (held out)", (REAL_MODEL_ARM,)),
+    ("entropy_last_quarter", "R5. entropy, last quarter of the steps", (REAL_MODEL_ARM,)),
+    ("clip_rate", "R6. clip rate (clip_ratio/region_mean)", (REAL_MODEL_ARM,)),
+    ("clip_rate_p0.0-0.2", "R7. clip rate, tokens with old p < 0.2", (REAL_MODEL_ARM,)),
+    ("clip_rate_p0.8-1.0", "R8. clip rate, tokens with old p >= 0.8", (REAL_MODEL_ARM,)),
+    ("tail_share", "R9. tail share of upper clipping", (REAL_MODEL_ARM,)),
 )
+#: The clip rate per bucket of old token probability (`clip_ratio_by_prob/*`, both sides), a column each.
+PROB_BUCKETS = ("p0.0-0.2", "p0.2-0.4", "p0.4-0.6", "p0.6-0.8", "p0.8-1.0")
 #: The metrics counted from probes, with the column that says a run never reached the share (it counts as
 #: ``steps + probe_every``).
 CENSORED = {"steps_to_rare_10pct": "rare_censored", "steps_to_rare_25pct": "rare25_censored"}
 WARM_COLUMNS = (
     "warm_sft_steps", "warm_seconds", "warm_probe_accuracy", "warm_heldout_mean_at8", "warm_dominant_mass",
     "warm_rare_mass", "warm_rare_answer_mean", "warm_rare_answer_max", "warm_rare_answers_over_5pct",
-    "warm_dominant_share", "warm_rare_share", "warm_invalid_share",
+    "warm_dominant_share", "warm_rare_share", "warm_invalid_share", "warm_heldout_mean_at4", "warm_heldout_greedy",
 )  # fmt: skip
 COLUMNS = (
     "arm", "method", "seed", "steps", *dict.fromkeys(name for name, _, _ in METRICS), *CENSORED.values(),
-    "pass_at8", "train_reward_last", "train_seconds", "run_seconds", *WARM_COLUMNS,
+    "pass_at8", "train_reward_last", "train_seconds", "run_seconds", *WARM_COLUMNS, "pass_at4",
+    *(f"clip_rate_{bucket}" for bucket in PROB_BUCKETS if f"clip_rate_{bucket}" not in {m for m, _, _ in METRICS}),
 )  # fmt: skip
 RUNS_CSV = "runs.csv"
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "study_output"
 #: Round 2's runs (the exploration arm) default to a folder of their own: round 1's holds its plan's runs only.
 DEFAULT_OUTPUT_ROUND2 = Path(__file__).resolve().parent / "study_output_round2"
+DEFAULT_OUTPUT_REAL_MODEL = Path(__file__).resolve().parent / "study_output_real_model"
 
 ADDITION_MAX_OPERAND, ADDITION_HELD_OUT = 20, 100  # the demo's
+#: The real-model arm: the model (``--model``), and the demo's chat task and settings with ``--model``
+#: (`trl_bandpo.demo.cli`): sums of a, b < 10, 20 held out, replies of at most 16 tokens at T = 0.7, LoRA rank 16.
+REAL_MODEL, REAL_MAX_OPERAND, REAL_HELD_OUT, REAL_TEMPERATURE, REAL_SAMPLES = "smollm2-135m-instruct", 10, 20, 0.7, 4
+#: The flags' defaults on the real-model arm, where not given: a pilot (docs/evidence.md, "Round 2") set them.
+REAL_MODEL_DEFAULTS = {"steps": 16, "lr": 5e-4, "threads": 0, "prompts_per_generation": 4, "num_generations": 4,
+                       "steps_per_generation": 2, "num_iterations": 1}  # fmt: skip
 DIVISORS_BELOW, DIVISORS_MIN_DIVISORS, DIVISORS_HELD_OUT = 200, 4, 20
 RARE_TARGETS = {"steps_to_rare_10pct": 0.1, "steps_to_rare_25pct": 0.25}  # shares of rare answers among the probes'
 PROBE_SAMPLES, DISTINCT_SAMPLES, HELDOUT_SAMPLES = 8, 16, 8
@@ -166,9 +208,12 @@ def divisors_problems(seed: int) -> tuple[list[dict], list[dict]]:
 
 
 def problems(arm: str, seed: int) -> tuple[list[dict], list[dict]]:
-    """(training rows, held-out rows) of `arm` under `seed`; every row has ``prompt``, ``answer`` and ``valid``."""
+    """(training rows, held-out rows) of `arm` under `seed`; every row has ``prompt`` and ``answer``, and on the tiny
+    model's arms ``valid``."""
     if arm in DIVISOR_ARMS:
         return divisors_problems(seed)
+    if arm == REAL_MODEL_ARM:  # chat prompts, the demo's split
+        return make_problems(REAL_MAX_OPERAND, 0, REAL_HELD_OUT, seed, chat=True)
     train, held_out = make_problems(ADDITION_MAX_OPERAND, 0, ADDITION_HELD_OUT, seed)
     with_valid = lambda rows: [{**row, "valid": row["answer"]} for row in rows]  # noqa: E731
     return with_valid(train), with_valid(held_out)
@@ -186,11 +231,15 @@ def rarity_reward(completions, answer, valid, **kwargs) -> list[float]:
     return [score(str(c).strip(), a, v) for c, a, v in zip(completions, answer, valid)]
 
 
-REWARDS = {"addition": correctness_reward, "divisors": valid_answer_reward, "exploration": rarity_reward}
+REWARDS = {"addition": correctness_reward, "divisors": valid_answer_reward, "exploration": rarity_reward,
+           REAL_MODEL_ARM: last_number_reward}  # fmt: skip
 
 
 def max_new_tokens(arm: str) -> int:
-    """Tokens a completion may take: the longest valid answer's digits, EOS, one spare (as the demo)."""
+    """Tokens a completion may take: the longest valid answer's digits, EOS, one spare (as the demo); the chat
+    model's replies as many as the demo gives them."""
+    if arm == REAL_MODEL_ARM:
+        return CHAT_COMPLETION_TOKENS
     longest = 2 * (ADDITION_MAX_OPERAND - 1) if arm == "addition" else (DIVISORS_BELOW - 1) // 2
     return len(str(longest)) + 2
 
@@ -219,12 +268,17 @@ class WarmStartRows(Sequence):
 # -- sampling and the masses of the answers ---------------------------------------------------------------------------
 
 
-def sample_answers(model, tokenizer, prompts, samples: int, seed: int, new_tokens: int, batch_size: int = 512):
-    """`samples` completions per prompt (stripped), pure sampling at temperature 1 as TRL trains, drawn under `seed`
-    without touching the global RNG state: one list per prompt."""
+def sample_answers(model, tokenizer, prompts, samples: int, seed: int, new_tokens: int, batch_size: int = 512,
+                   temperature: float = 1.0):  # fmt: skip
+    """`samples` completions per prompt (stripped), pure sampling at `temperature` as TRL trains, drawn under `seed`
+    without touching the global RNG state: one list per prompt. Chat prompts (lists of messages) go through the
+    tokenizer's chat template; ``samples=0`` draws one greedy completion per prompt instead."""
     import torch
 
-    was_training, flat, texts = model.training, list(prompts) * samples, []
+    chat = lambda p: tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)  # noqa: E731
+    prompts = [chat(p) if isinstance(p, list) else p for p in prompts]
+    sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if samples else {"do_sample": False}
+    was_training, flat, texts = model.training, list(prompts) * max(1, samples), []
     model.eval()
     tokenizer.padding_side = "left"
     special = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
@@ -232,11 +286,10 @@ def sample_answers(model, tokenizer, prompts, samples: int, seed: int, new_token
         torch.manual_seed(seed)
         for i in range(0, len(flat), batch_size):
             enc = tokenizer(flat[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
-            out = model.generate(**enc.to(model.device), do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                                 max_new_tokens=new_tokens, **special)  # fmt: skip
+            out = model.generate(**enc.to(model.device), **sampling, max_new_tokens=new_tokens, **special)
             texts += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     model.train(was_training)
-    return [[texts[j * len(prompts) + i].strip() for j in range(samples)] for i in range(len(prompts))]
+    return [[texts[j * len(prompts) + i].strip() for j in range(max(1, samples))] for i in range(len(prompts))]
 
 
 def answer_shares(texts, rows) -> dict[str, float]:
@@ -288,6 +341,8 @@ def heldout_metrics(model, tokenizer, rows, arm: str, seed: int) -> dict[str, fl
     """Metrics 3, 4 and 7 on the held-out `rows`: mean@8, pass@8 and their difference from the first 8 samples per
     problem; on the divisors task the mean number of distinct valid answers among 16 samples; and the mean of the
     arm's reward over the first 8 (``heldout_reward``)."""
+    if arm == REAL_MODEL_ARM:
+        return chat_heldout_metrics(model, tokenizer, rows, seed)
     samples = DISTINCT_SAMPLES if arm in DIVISOR_ARMS else HELDOUT_SAMPLES
     texts = sample_answers(model, tokenizer, [row["prompt"] for row in rows], samples, seed, max_new_tokens(arm))
     valid = [set(row["valid"].split()) for row in rows]
@@ -304,11 +359,27 @@ def heldout_metrics(model, tokenizer, rows, arm: str, seed: int) -> dict[str, fl
     }  # fmt: skip
 
 
+def chat_heldout_metrics(model, tokenizer, rows, seed: int) -> dict[str, float]:
+    """The real-model arm's held-out metrics: mean@4 and pass@4 at T = 0.7 (``REAL_SAMPLES``), and greedy accuracy,
+    each reply scored by `last_number_reward`."""
+    prompts, answers = [row["prompt"] for row in rows], [row["answer"] for row in rows]
+    new_tokens = max_new_tokens(REAL_MODEL_ARM)
+    sampled = sample_answers(model, tokenizer, prompts, REAL_SAMPLES, seed, new_tokens, temperature=REAL_TEMPERATURE)
+    hits = [last_number_reward(texts, [answer] * len(texts)) for texts, answer in zip(sampled, answers)]
+    greedy = [texts[0] for texts in sample_answers(model, tokenizer, prompts, 0, seed, new_tokens)]
+    mean_at4 = sum(map(sum, hits)) / (REAL_SAMPLES * len(rows))
+    pass_at4 = sum(any(h) for h in hits) / len(rows)
+    return {"heldout_mean_at4": mean_at4, "pass_at4": pass_at4, "pass_minus_mean_at4": pass_at4 - mean_at4,
+            "heldout_greedy": sum(last_number_reward(greedy, answers)) / len(rows)}  # fmt: skip
+
+
 # -- warm starts and runs ---------------------------------------------------------------------------------------------
 
 
 def warm_settings(arm: str, args) -> dict:
     """What decides the warm-started weights of `arm` (besides the seed)."""
+    if arm == REAL_MODEL_ARM:
+        return {}
     if arm == "addition":
         steps, target = args.addition_warmup_steps, args.addition_warmup_target
     else:
@@ -319,7 +390,9 @@ def warm_settings(arm: str, args) -> dict:
 def warm_start(arm: str, seed: int, train_rows, eval_rows, out: Path, args) -> tuple[Path, dict]:
     """The warm start of (`arm`, `seed`) in ``out/warmstart/<arm>-seed<seed>`` (reused when its settings match) and
     its ``warm_*`` columns. Addition runs the demo's `warm_start`; divisors the demo's `fine_tune` on
-    `WarmStartRows` (the exploration arm starts from the divisors warm start: `run_study`)."""
+    `WarmStartRows` (the exploration arm starts from the divisors warm start: `run_study`). The real-model arm starts
+    from the pretrained model (``--model``, fetched on first use): its folder, and its held-out metrics under
+    `seed` as the ``warm_heldout_*`` columns."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
     from trl_bandpo.demo import sft
@@ -328,12 +401,23 @@ def warm_start(arm: str, seed: int, train_rows, eval_rows, out: Path, args) -> t
     path, settings = out / "warmstart" / f"{arm}-seed{seed}", warm_settings(arm, args)
     key = {"arm": arm, "seed": seed, **settings}
     meta_path = path / "study_warm.json"
+    if arm == REAL_MODEL_ARM:  # the pretrained model itself; only its held-out metrics are kept here
+        model_path = Path(resolve_model(args.model, lambda text: print(text, file=sys.stderr)))
+        key["model"] = args.model
     with contextlib.suppress(OSError, ValueError):
         meta = json.loads(meta_path.read_text())
-        if meta["key"] == key and (path / "config.json").is_file():
-            return path, meta["columns"]
+        if meta["key"] == key and (arm == REAL_MODEL_ARM or (path / "config.json").is_file()):
+            return (model_path if arm == REAL_MODEL_ARM else path), meta["columns"]
     start = time.time()
     columns = dict.fromkeys(WARM_COLUMNS, math.nan)
+    if arm == REAL_MODEL_ARM:
+        model = AutoModelForCausalLM.from_pretrained(model_path)
+        held_out = chat_heldout_metrics(model, AutoTokenizer.from_pretrained(model_path), eval_rows, seed)
+        columns.update({f"warm_{name}": held_out[name] for name in ("heldout_mean_at4", "heldout_greedy")})
+        columns["warm_seconds"] = time.time() - start
+        path.mkdir(parents=True, exist_ok=True)
+        _write_atomically(meta_path, json.dumps({"key": key, "columns": columns}, indent=2))
+        return model_path, columns
     if arm == "addition":
         demo_args = SimpleNamespace(
             seed=seed, max_operand=ADDITION_MAX_OPERAND, num_prompts=0, num_eval=ADDITION_HELD_OUT, num_layers=2,
@@ -390,13 +474,18 @@ def run_one(arm: str, method: str, seed: int, model_path: Path, train_rows, eval
                                        max_new_tokens(arm))  # fmt: skip
                 probes.append({"step": state.global_step, **answer_shares(texts, train_rows)})
 
+    real = arm == REAL_MODEL_ARM
     rl = SimpleNamespace(seed=seed, steps=args.steps, lr=args.lr, prompts_per_generation=args.prompts_per_generation,
                          num_generations=args.num_generations, steps_per_generation=args.steps_per_generation,
-                         num_iterations=args.num_iterations, temperature=1.0)  # fmt: skip
-    config = method_config(METHODS[method], out / "trainer", rl, max_new_tokens(arm))
+                         num_iterations=args.num_iterations,
+                         temperature=REAL_TEMPERATURE if real else 1.0)  # fmt: skip
+    # the real model as the demo trains it: float32, no activation recomputation, LoRA adapters
+    overrides = {"bf16": False, "gradient_checkpointing": False} if real else {}
+    config = method_config(METHODS[method], out / "trainer", rl, max_new_tokens(arm), **overrides)
     bar = SimpleNamespace(update=lambda n: None, set_postfix=lambda *a, **k: None)  # the study's bar counts runs
     trainer, history, train_seconds = train_method(config, method, model_path, train_rows, bar, REWARDS[arm],
-                                                   (RareShareProbe(),))  # fmt: skip
+                                                   (RareShareProbe(),),
+                                                   peft_config=lora_config() if real else None)  # fmt: skip
     model = trainer.accelerator.unwrap_model(trainer.model)
     row = {
         "arm": arm,
@@ -409,10 +498,18 @@ def run_one(arm: str, method: str, seed: int, model_path: Path, train_rows, eval
     summary = summarize_history(history)
     row.update(
         tail_share=math.nan if method == "unclipped" else tail_share_of_upper_clipping(history)[0],
-        entropy_last30=frame[frame["step"] > args.steps - ENTROPY_WINDOW]["entropy"].mean(),
         clip_rate=summary["clip_rate_mean"],
         train_reward_last=summary["train_reward_last"], train_seconds=train_seconds,
     )  # fmt: skip
+    if real:
+        logged = metrics_frame(history)
+        for bucket in PROB_BUCKETS:  # both sides; steps where the bucket held no token are skipped
+            sides = logged.reindex(columns=[f"clip_ratio_by_prob/{side}/{bucket}" for side in ("low", "high")])
+            row[f"clip_rate_{bucket}"] = sides.sum(axis=1, min_count=1).mean()
+        updates = args.steps_per_generation * args.num_iterations
+        row.update(entropy_last_quarter=summary["entropy_end"], reward_area=reward_per_batch(history, updates).mean())
+    else:
+        row["entropy_last30"] = frame[frame["step"] > args.steps - ENTROPY_WINDOW]["entropy"].mean()
     if arm in DIVISOR_ARMS:
         for metric, target in RARE_TARGETS.items():
             reached = [probe["step"] for probe in probes if probe["rare"] >= target]
@@ -428,6 +525,27 @@ def run_one(arm: str, method: str, seed: int, model_path: Path, train_rows, eval
     return row, {"history": logged, "probes": probes}
 
 
+def lora_config():
+    """The real-model arm's adapters: the demo's (rank 16, alpha 32, every linear layer)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def reward_per_batch(history, updates: int):
+    """The logged training reward, one value per generation batch (the mean over its `updates` optimizer steps),
+    indexed by the batch's last step: a `pandas.Series`."""
+    import pandas as pd
+
+    frame = metrics_frame(history)
+    if "reward" not in frame:
+        return pd.Series(dtype=float)
+    values = frame.set_index(frame["step"].astype(int))["reward"]
+    values = values.groupby((values.index - 1) // updates).mean()
+    values.index = (values.index + 1) * updates
+    return values.dropna()
+
+
 # -- the runs file ----------------------------------------------------------------------------------------------------
 
 
@@ -438,8 +556,9 @@ def _cell(value) -> str:
 
 
 def read_runs(path: Path) -> list[dict]:
-    """The complete rows of `path` (a line cut short by a killed study is removed from the file first); refuses a
-    file whose header is not `COLUMNS`."""
+    """The complete rows of `path` (a line cut short by a killed study is removed from the file first); a file of an
+    earlier version of this script, whose columns are some of `COLUMNS`, is rewritten with the others empty; any
+    other header is refused."""
     if not path.is_file():
         return []
     text = path.read_text()
@@ -447,9 +566,15 @@ def read_runs(path: Path) -> list[dict]:
         text = text[: text.rfind("\n") + 1]
         path.write_text(text)
     reader = csv.DictReader(io.StringIO(text))
-    if reader.fieldnames and tuple(reader.fieldnames) != COLUMNS:
+    if reader.fieldnames and not set(reader.fieldnames) <= set(COLUMNS):
         raise ValueError(f"{path} has other columns than this script writes: use another --output-dir")
-    rows = list(reader)
+    rows = [{column: row.get(column) or "" for column in COLUMNS} for row in reader]
+    if reader.fieldnames and tuple(reader.fieldnames) != COLUMNS:  # an earlier version's: the new columns empty
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        _write_atomically(path, buffer.getvalue())
     for line, row in enumerate(rows, start=2):  # the runs are keyed by (arm, method, seed)
         if row["arm"] not in ARMS or not (row["seed"].isascii() and row["seed"].isdigit()):
             refuse(f"{path} line {line}: arm and seed", f"one of {list(ARMS)} and an integer >= 0",
@@ -504,6 +629,8 @@ def check_settings(args, out: Path) -> None:
     """Refuse (`ValueError`) a study folder whose ``study.json`` records other `_RUN_SETTINGS` than `args`, or whose
     ``runs.csv`` has other columns; else record them and this machine in ``study.json``."""
     settings = {name: getattr(args, name) for name in _RUN_SETTINGS}
+    if REAL_MODEL_ARM in args.arms:
+        settings["model"] = args.model
     study = out / "study.json"
     if study.is_file():
         recorded = read_study(out).get("settings", {})
@@ -696,6 +823,24 @@ def summary_markdown(rows: list[dict], runs: list[dict], study: dict) -> str:
                                  f"{get('warm_rare_answer_max')} / {get('warm_rare_answers_over_5pct')} | "
                                  f"{get('warm_dominant_share')} / {get('warm_rare_share')} / "
                                  f"{get('warm_invalid_share')} | {get('warm_heldout_mean_at8')} |")  # fmt: skip
+        if arm == REAL_MODEL_ARM:
+            lines += ["", "The pretrained model on each seed's held-out problems, before any training:", "",
+                      "| seed | held-out mean@4 (T=0.7) | held-out greedy |", "|---|---|---|"]  # fmt: skip
+            for seed in seeds:
+                run = next((r for r in arm_runs if int(r["seed"]) == seed), None)
+                if run:
+                    lines.append(f"| {seed} | {_fmt(number(run['warm_heldout_mean_at4']))} | "
+                                 f"{_fmt(number(run['warm_heldout_greedy']))} |")  # fmt: skip
+            lines += [
+                "",
+                "Clip rate by old token probability (both sides; mean over steps and seeds, 95% CI):",
+                "",
+                "| method | " + " | ".join(PROB_BUCKETS) + " |",
+                "|---" * (len(PROB_BUCKETS) + 1) + "|",
+            ]
+            for method, buckets in bucket_rates(arm_runs).items():
+                cells = [_interval(*stats[1:]) for stats in buckets]
+                lines.append(f"| {METHODS.get(method, {}).get('label', method)} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
@@ -733,11 +878,10 @@ def plot_curves(path: Path, arm: str, histories: dict[str, list[dict]], updates:
                     frame = metrics_frame(run["history"])
                     if key not in frame:
                         continue
-                    values = frame.set_index(frame["step"].astype(int))[key]
                     if key == "reward":  # one value per generation batch, at its last step
-                        values = values.groupby((values.index - 1) // updates).mean()
-                        values.index = (values.index + 1) * updates
-                    series = values.dropna().to_dict()
+                        series = reward_per_batch(run["history"], updates).to_dict()
+                    else:
+                        series = frame.set_index(frame["step"].astype(int))[key].dropna().to_dict()
                 series_by_seed.append(series)
             if not series_by_seed:
                 continue
@@ -748,6 +892,37 @@ def plot_curves(path: Path, arm: str, histories: dict[str, list[dict]], updates:
         ax.set_xlabel("optimizer step")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{arm}: mean over seeds, 95% t-band", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def bucket_rates(runs) -> dict[str, list[tuple]]:
+    """Per method of `runs` (in `METHODS` order), per bucket of `PROB_BUCKETS`: `t_interval` of its clip rate over
+    seeds."""
+    order = {name: i for i, name in enumerate(METHODS)}
+    methods = sorted({run["method"] for run in runs}, key=lambda m: (order.get(m, len(order)), m))
+    return {method: [t_interval([number(run[f"clip_rate_{bucket}"]) for run in runs if run["method"] == method])
+                     for bucket in PROB_BUCKETS] for method in methods}  # fmt: skip
+
+
+def plot_buckets(path: Path, arm: str, runs) -> None:
+    """The clip rate by old token probability per method: mean over seeds with its 95% t-interval."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    rates = bucket_rates(runs)
+    for i, (method, buckets) in enumerate(rates.items()):
+        xs = [j + (i - (len(rates) - 1) / 2) * 0.8 / len(rates) for j in range(len(PROB_BUCKETS))]
+        mean = [stats[1] for stats in buckets]
+        (line,) = ax.plot(xs, mean, "o", ms=4, label=METHODS.get(method, {}).get("label", method))
+        for x, (_, _, low, high) in zip(xs, buckets):
+            if math.isfinite(low):
+                ax.plot([x, x], [low, high], color=line.get_color(), lw=1.5)
+    ax.set_xticks(range(len(PROB_BUCKETS)), [f"old {bucket}" for bucket in PROB_BUCKETS], fontsize=8)
+    ax.set_ylabel("clip rate (both sides)")
+    ax.legend(fontsize=7)
+    ax.set_title(f"{arm}: clip rate by old token probability, mean over seeds and 95% t-interval", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -822,6 +997,8 @@ def report(out: Path) -> list[dict]:
         if arm_rows:
             plot_intervals(out / f"estimates_{arm}.png", arm, arm_rows, differences=False)
             plot_intervals(out / f"differences_{arm}.png", arm, arm_rows, differences=True)
+        if arm == REAL_MODEL_ARM and arm_rows:
+            plot_buckets(out / f"buckets_{arm}.png", arm, [run for run in runs if run["arm"] == arm])
     return rows
 
 
@@ -876,14 +1053,20 @@ def build_parser() -> argparse.ArgumentParser:
         f"{DEFAULT_OUTPUT.name} for round 1's arms, {DEFAULT_OUTPUT_ROUND2.name} for exploration).",
     )
     parser.add_argument("--arms", nargs="+", default=list(ROUND1_ARMS), help=f"Arms, any of: {', '.join(ARMS)}.")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"Any of: {', '.join(METHODS)}.")
+    parser.add_argument("--methods", nargs="+", default=None, help=f"Any of: {', '.join(METHODS)} (default: all "
+                        f"but cppo; on {REAL_MODEL_ARM}: {', '.join(REAL_MODEL_METHODS)}).")  # fmt: skip
+    parser.add_argument("--model", default=REAL_MODEL, help=f"The pretrained chat model of the {REAL_MODEL_ARM} arm: "
+                        "a packaged model's name (fetched on first use) or a local folder.")  # fmt: skip
     parser.add_argument("--seeds", nargs="+", default=["0-4"], help="Seeds, e.g. 0-4 or 0 1 2.")
     parser.add_argument("--steps", type=int, default=300, help="RL optimizer steps per run.")
     parser.add_argument("--lr", type=float, default=2e-4, help="RL learning rate (constant).")
     parser.add_argument("--report-only", action="store_true", help="Only the statistics and figures of runs.csv.")
     parser.add_argument("--quiet", action="store_true", help="No progress bar.")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: as is).")
-    size = parser.add_argument_group("sizes (the plan's by default; smaller ones only for quick checks and tests)")
+    size = parser.add_argument_group(
+        "sizes (the plan's by default; smaller ones only for quick checks and tests). On the real-model arm the "
+        f"defaults of these and of --steps, --lr and --threads are {json.dumps(REAL_MODEL_DEFAULTS)}"
+    )
     size.add_argument("--hidden-size", type=int, default=128, help="Hidden size of the tiny Qwen2.")
     size.add_argument("--addition-warmup-steps", type=int, default=800, help="Most SFT steps, addition.")
     size.add_argument("--addition-warmup-target", type=float, default=0.4, help="SFT stops at this accuracy.")
@@ -902,7 +1085,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         args.arms = _names(args.arms, ARMS, "--arms")
-        args.methods = _names(args.methods, list(METHODS), "--methods")
+        real = REAL_MODEL_ARM in args.arms
+        if real and len(args.arms) > 1:
+            refuse("--arms", f"{REAL_MODEL_ARM} alone (its settings are the real model's)", " ".join(args.arms))
+        if real:  # its defaults, where a flag is not given
+            given = {word.split("=")[0] for word in (sys.argv[1:] if argv is None else argv) if word.startswith("--")}
+            for name, value in REAL_MODEL_DEFAULTS.items():
+                if "--" + name.replace("_", "-") not in given:
+                    setattr(args, name, value)
+        default_methods = REAL_MODEL_METHODS if real else DEFAULT_METHODS
+        args.methods = _names(args.methods or default_methods, list(METHODS), "--methods")
         args.seeds = _seeds(args.seeds)
         for name, check in FLAG_CHECKS.items():
             check(getattr(args, name), "--" + name.replace("_", "-"))
@@ -910,6 +1102,8 @@ def main(argv=None) -> int:
             refuse("--hidden-size", "a multiple of 8", args.hidden_size)
         if (args.prompts_per_generation * args.num_generations) % args.steps_per_generation:
             raise ValueError("--steps-per-generation: expected a divisor of prompts x generations")
+        if args.output_dir is None and real:
+            args.output_dir = str(DEFAULT_OUTPUT_REAL_MODEL)
         if args.output_dir is None:
             default = DEFAULT_OUTPUT if set(args.arms) <= set(ROUND1_ARMS) else DEFAULT_OUTPUT_ROUND2
             if default == DEFAULT_OUTPUT_ROUND2 and not set(args.arms).isdisjoint(ROUND1_ARMS):

@@ -209,7 +209,7 @@ BAD_VALUES = [
     (["--addition-warmup-target", "nan"], None, "--addition-warmup-target must be a number in [0, 1], got nan."),
     # before: ValueError "invalid literal for int()" from the report
     (["--report-only"], lambda out: _runs_csv_with_seed(out, "abc"), "runs.csv line 2: arm and seed must be one of "
-     "['addition', 'divisors', 'exploration'] and an integer >= 0, got ('addition', 'abc')."),
+     "['addition', 'divisors', 'exploration', 'smollm2'] and an integer >= 0, got ('addition', 'abc')."),
     # before: AttributeError "'list' object has no attribute 'get'"
     ([], lambda out: (out.mkdir(), (out / "study.json").write_text("[1, 2]")), "study.json must be a JSON object "
      '{"settings": {...}, ...} as this script writes (else use another --output-dir), got [1, 2].'),
@@ -301,3 +301,91 @@ def test_round_2_defaults_to_its_own_folder_and_is_not_mixed_into_round_1s(tmp_p
     with pytest.raises(SystemExit):
         study.main(["--arms", "divisors", "exploration", "--quiet"])
     assert "--arms must be round 1's arms or the exploration arm, not both" in capsys.readouterr().err
+
+
+# -- the real-model arm (here on a tiny chat model: the real one is the real-model tier's) ----------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_study(tmp_path_factory):
+    from trl_bandpo.demo.tiny_model import save_tiny_model
+
+    model = save_tiny_model(tmp_path_factory.mktemp("chat_model"), hidden_size=32)
+    out = tmp_path_factory.mktemp("chat_study")
+    argv = ["--arms", "smollm2", "--model", str(model), "--methods", "clip", "cppo", "--seeds", "0", "--steps", "4",
+            "--threads", "1", "--output-dir", str(out), "--quiet"]  # fmt: skip
+    assert study.main(argv) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_the_real_model_arm_trains_lora_with_its_defaults_and_writes_its_metrics(chat_study):
+    settings = json.loads((chat_study / "study.json").read_text())["settings"]
+    for name, value in study.REAL_MODEL_DEFAULTS.items():  # its defaults where no flag was given
+        if name not in ("steps", "threads"):
+            assert settings[name] == value, name
+    assert settings["steps"] == 4 and settings["model"].endswith("chat_model0")
+    rows = {row["method"]: row for row in _rows(chat_study / "runs.csv")}
+    assert sorted(rows) == ["clip", "cppo"]
+    for method, row in rows.items():
+        history = json.loads((chat_study / "histories" / f"smollm2__{method}__seed0.json").read_text())["history"]
+        # the area: the mean over generation batches (2 optimizer steps each) of the logged reward
+        batches = {}
+        for entry in history:
+            if "reward" in entry:
+                batches.setdefault((entry["step"] - 1) // 2, []).append(entry["reward"])
+        area = sum(sum(v) / len(v) for v in batches.values()) / len(batches)
+        assert float(row["reward_area"]) == pytest.approx(area, abs=1e-9) and len(batches) == 2
+        assert 0 <= float(row["heldout_mean_at4"]) <= float(row["pass_at4"]) <= 1
+        assert float(row["pass_minus_mean_at4"]) == pytest.approx(
+            float(row["pass_at4"]) - float(row["heldout_mean_at4"])
+        )
+        assert 0 <= float(row["heldout_greedy"]) <= 1 and math.isfinite(float(row["entropy_last_quarter"]))
+        assert all(0 <= float(row[f"clip_rate_{b}"]) <= 1 for b in study.PROB_BUCKETS if row[f"clip_rate_{b}"])
+        assert row["clip_rate_p0.0-0.2"] != ""  # a random tiny model samples tail tokens
+        assert row["heldout_mean_at8"] == row["entropy_last30"] == row["warm_sft_steps"] == ""  # tiny arms' columns
+        assert 0 <= float(row["warm_heldout_mean_at4"]) <= 1 and 0 <= float(row["warm_heldout_greedy"]) <= 1
+    for name in ("summary.md", "curves_smollm2.png", "buckets_smollm2.png", "differences_smollm2.png"):
+        assert (chat_study / name).is_file(), name
+    text = (chat_study / "summary.md").read_text()
+    assert "R7. clip rate, tokens with old p < 0.2" in text and "| CPPO δ=0.15 |" in text
+
+
+@pytest.mark.slow
+def test_the_real_model_arm_is_trained_with_lora_at_its_temperature(chat_study, monkeypatch):
+    seen = []
+
+    def train_method(config, label, model_path, rows, bar, reward, callbacks, peft_config=None):
+        seen.append((config.temperature, config.max_completion_length, peft_config.r, reward, type(rows[0]["prompt"])))
+        raise KeyboardInterrupt  # what it was given is all this test needs
+
+    monkeypatch.setattr(study, "train_method", train_method)
+    with pytest.raises(KeyboardInterrupt):
+        study.main(["--arms", "smollm2", "--model", json.loads((chat_study / "study.json").read_text())["settings"][
+            "model"], "--methods", "dgpo", "--seeds", "0", "--steps", "4", "--threads", "1", "--output-dir",
+            str(chat_study), "--quiet"])  # fmt: skip
+    assert seen == [(0.7, 16, 16, study.last_number_reward, list)]
+
+
+def test_the_real_model_arm_runs_alone(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        study.main(["--arms", "smollm2", "divisors", "--output-dir", str(tmp_path), "--quiet"])
+    assert "--arms must be smollm2 alone (its settings are the real model's), got 'smollm2 divisors'." in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_runs_file_of_an_earlier_version_gains_the_new_columns_empty(tmp_path):
+    old_columns = [c for c in study.COLUMNS if c not in ("reward_area", "pass_at4", "clip_rate_p0.4-0.6")]
+    with open(tmp_path / "runs.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, old_columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerow({"arm": "divisors", "method": "clip", "seed": 3, "heldout_mean_at8": 0.25})
+    rows = study.read_runs(tmp_path / "runs.csv")
+    assert [(r["arm"], r["method"], r["seed"], r["heldout_mean_at8"], r["reward_area"]) for r in rows] == [
+        ("divisors", "clip", "3", "0.25", "")
+    ]
+    assert tuple(_rows(tmp_path / "runs.csv")[0]) == study.COLUMNS  # rewritten with every column
+    (tmp_path / "runs.csv").write_text("arm,method,seed,bogus\n")
+    with pytest.raises(ValueError, match="has other columns than this script writes"):
+        study.read_runs(tmp_path / "runs.csv")
