@@ -2,7 +2,7 @@
 
     python benchmarks/study.py                                  # round 1: 2 arms x 7 methods x seeds 0-4, 300 steps
     python benchmarks/study.py --arms exploration --lr LR --output-dir benchmarks/study_output_round2   # round 2
-    python benchmarks/study.py --arms smollm2             # round 2's real model: 7 methods x seeds 0-4, LoRA
+    python benchmarks/study.py --arms smollm2             # round 2's real model: 7 methods x seeds 0-2, LoRA
     python benchmarks/study.py --arms divisors --methods clip band_0.05 --seeds 0-1
     python benchmarks/study.py --report-only                    # statistics and figures from runs.csv only
 
@@ -176,8 +176,8 @@ ADDITION_MAX_OPERAND, ADDITION_HELD_OUT = 20, 100  # the demo's
 #: (`trl_bandpo.demo.cli`): sums of a, b < 10, 20 held out, replies of at most 16 tokens at T = 0.7, LoRA rank 16.
 REAL_MODEL, REAL_MAX_OPERAND, REAL_HELD_OUT, REAL_TEMPERATURE, REAL_SAMPLES = "smollm2-135m-instruct", 10, 20, 0.7, 4
 #: The flags' defaults on the real-model arm, where not given: a pilot (docs/evidence.md, "Round 2") set them.
-REAL_MODEL_DEFAULTS = {"steps": 16, "lr": 5e-4, "threads": 0, "prompts_per_generation": 4, "num_generations": 4,
-                       "steps_per_generation": 2, "num_iterations": 1}  # fmt: skip
+REAL_MODEL_DEFAULTS = {"seeds": ["0-2"], "steps": 16, "lr": 5e-4, "threads": 0, "prompts_per_generation": 4,
+                       "num_generations": 4, "steps_per_generation": 2, "num_iterations": 2}  # fmt: skip
 DIVISORS_BELOW, DIVISORS_MIN_DIVISORS, DIVISORS_HELD_OUT = 200, 4, 20
 RARE_TARGETS = {"steps_to_rare_10pct": 0.1, "steps_to_rare_25pct": 0.25}  # shares of rare answers among the probes'
 PROBE_SAMPLES, DISTINCT_SAMPLES, HELDOUT_SAMPLES = 8, 16, 8
@@ -1065,7 +1065,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: as is).")
     size = parser.add_argument_group(
         "sizes (the plan's by default; smaller ones only for quick checks and tests). On the real-model arm the "
-        f"defaults of these and of --steps, --lr and --threads are {json.dumps(REAL_MODEL_DEFAULTS)}"
+        f"defaults of these and of --seeds, --steps, --lr and --threads are {json.dumps(REAL_MODEL_DEFAULTS)}"
     )
     size.add_argument("--hidden-size", type=int, default=128, help="Hidden size of the tiny Qwen2.")
     size.add_argument("--addition-warmup-steps", type=int, default=800, help="Most SFT steps, addition.")

@@ -312,7 +312,7 @@ def chat_study(tmp_path_factory):
 
     model = save_tiny_model(tmp_path_factory.mktemp("chat_model"), hidden_size=32)
     out = tmp_path_factory.mktemp("chat_study")
-    argv = ["--arms", "smollm2", "--model", str(model), "--methods", "clip", "cppo", "--seeds", "0", "--steps", "4",
+    argv = ["--arms", "smollm2", "--model", str(model), "--methods", "clip", "cppo", "--seeds", "0", "--steps", "8",
             "--threads", "1", "--output-dir", str(out), "--quiet"]  # fmt: skip
     assert study.main(argv) == 0
     return out
@@ -322,18 +322,18 @@ def chat_study(tmp_path_factory):
 def test_the_real_model_arm_trains_lora_with_its_defaults_and_writes_its_metrics(chat_study):
     settings = json.loads((chat_study / "study.json").read_text())["settings"]
     for name, value in study.REAL_MODEL_DEFAULTS.items():  # its defaults where no flag was given
-        if name not in ("steps", "threads"):
+        if name not in ("seeds", "steps", "threads"):
             assert settings[name] == value, name
-    assert settings["steps"] == 4 and settings["model"].endswith("chat_model0")
+    assert settings["steps"] == 8 and settings["model"].endswith("chat_model0")
     rows = {row["method"]: row for row in _rows(chat_study / "runs.csv")}
     assert sorted(rows) == ["clip", "cppo"]
     for method, row in rows.items():
         history = json.loads((chat_study / "histories" / f"smollm2__{method}__seed0.json").read_text())["history"]
-        # the area: the mean over generation batches (2 optimizer steps each) of the logged reward
+        # the area: the mean over generation batches (4 optimizer steps each: 2 per pass, 2 passes) of the reward
         batches = {}
         for entry in history:
             if "reward" in entry:
-                batches.setdefault((entry["step"] - 1) // 2, []).append(entry["reward"])
+                batches.setdefault((entry["step"] - 1) // 4, []).append(entry["reward"])
         area = sum(sum(v) / len(v) for v in batches.values()) / len(batches)
         assert float(row["reward_area"]) == pytest.approx(area, abs=1e-9) and len(batches) == 2
         assert 0 <= float(row["heldout_mean_at4"]) <= float(row["pass_at4"]) <= 1
@@ -362,8 +362,8 @@ def test_the_real_model_arm_is_trained_with_lora_at_its_temperature(chat_study, 
     monkeypatch.setattr(study, "train_method", train_method)
     with pytest.raises(KeyboardInterrupt):
         study.main(["--arms", "smollm2", "--model", json.loads((chat_study / "study.json").read_text())["settings"][
-            "model"], "--methods", "dgpo", "--seeds", "0", "--steps", "4", "--threads", "1", "--output-dir",
-            str(chat_study), "--quiet"])  # fmt: skip
+            "model"], "--methods", "dgpo", "--seeds", "0", "--threads", "1", "--output-dir",
+            str(chat_study), "--steps", "8", "--quiet"])  # fmt: skip
     assert seen == [(0.7, 16, 16, study.last_number_reward, list)]
 
 
@@ -389,3 +389,17 @@ def test_a_runs_file_of_an_earlier_version_gains_the_new_columns_empty(tmp_path)
     (tmp_path / "runs.csv").write_text("arm,method,seed,bogus\n")
     with pytest.raises(ValueError, match="has other columns than this script writes"):
         study.read_runs(tmp_path / "runs.csv")
+
+
+@pytest.mark.slow
+def test_the_real_model_arms_defaults_apply_where_no_flag_is_given(chat_study, monkeypatch):
+    seen = []
+    monkeypatch.setattr(study, "run_study", lambda args, out: seen.append(args) or 0)
+    model = json.loads((chat_study / "study.json").read_text())["settings"]["model"]
+    with pytest.raises(SystemExit):  # the folder's runs were made with 8 steps, not the default 16
+        study.main(["--arms", "smollm2", "--model", model, "--output-dir", str(chat_study), "--quiet"])
+    argv = ["--arms", "smollm2", "--model", model, "--steps", "8", "--output-dir", str(chat_study), "--quiet"]
+    assert study.main(argv) == 0
+    (args,) = seen
+    assert args.seeds == [0, 1, 2] and args.methods == list(study.REAL_MODEL_METHODS) and args.threads == 0
+    assert (args.lr, args.num_iterations, args.steps_per_generation) == (5e-4, 2, 2)
