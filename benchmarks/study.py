@@ -94,7 +94,7 @@ if __package__ in (None, ""):  # `python benchmarks/study.py` from anywhere
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trl_bandpo.core.checks import Integer, Number, refuse  # noqa: E402
-from trl_bandpo.data.models import resolve_model  # noqa: E402
+from trl_bandpo.data.models import PACKAGED_MODELS, resolve_model  # noqa: E402
 from trl_bandpo.demo.cli import CHAT_COMPLETION_TOKENS  # noqa: E402
 from trl_bandpo.demo.figure import clip_rate_per_generation_batch  # noqa: E402
 from trl_bandpo.demo.report import metrics_frame, summarize_history, tail_share_of_upper_clipping  # noqa: E402
@@ -1088,11 +1088,18 @@ def main(argv=None) -> int:
         real = REAL_MODEL_ARM in args.arms
         if real and len(args.arms) > 1:
             refuse("--arms", f"{REAL_MODEL_ARM} alone (its settings are the real model's)", " ".join(args.arms))
+        given = {word.split("=")[0] for word in (sys.argv[1:] if argv is None else argv) if word.startswith("--")}
+        if not real and "--model" in given:  # the tiny model's arms build their own model
+            refuse(
+                "--arms", f"{REAL_MODEL_ARM} with --model (the other arms train the tiny model)", " ".join(args.arms)
+            )
         if real:  # its defaults, where a flag is not given
-            given = {word.split("=")[0] for word in (sys.argv[1:] if argv is None else argv) if word.startswith("--")}
             for name, value in REAL_MODEL_DEFAULTS.items():
                 if "--" + name.replace("_", "-") not in given:
                     setattr(args, name, value)
+        if real and args.model not in PACKAGED_MODELS and not Path(args.model).expanduser().is_dir():
+            refuse("--model", f"a packaged model's name ({', '.join(PACKAGED_MODELS)}) or a local model folder",
+                   args.model)  # fmt: skip
         default_methods = REAL_MODEL_METHODS if real else DEFAULT_METHODS
         args.methods = _names(args.methods or default_methods, list(METHODS), "--methods")
         args.seeds = _seeds(args.seeds)

@@ -373,6 +373,17 @@ def test_the_real_model_arm_runs_alone(tmp_path, capsys):
     assert "--arms must be smollm2 alone (its settings are the real model's), got 'smollm2 divisors'." in (
         capsys.readouterr().err
     )
+    with pytest.raises(SystemExit):  # before: a traceback from transformers after study.json was written
+        study.main(["--arms", "smollm2", "--model", str(tmp_path / "missing"), "--output-dir", str(tmp_path / "o")])
+    assert "--model must be a packaged model's name (smollm2-135m-instruct) or a local model folder" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(SystemExit):  # not silently ignored
+        study.main(["--arms", "divisors", "--model", "smollm2-135m-instruct", "--output-dir", str(tmp_path / "o")])
+    assert "--arms must be smollm2 with --model (the other arms train the tiny model), got 'divisors'." in (
+        capsys.readouterr().err
+    )
 
 
 def test_a_runs_file_of_an_earlier_version_gains_the_new_columns_empty(tmp_path):
