@@ -98,7 +98,7 @@ from trl_bandpo.data.models import PACKAGED_MODELS, resolve_model  # noqa: E402
 from trl_bandpo.demo.cli import CHAT_COMPLETION_TOKENS  # noqa: E402
 from trl_bandpo.demo.figure import clip_rate_per_generation_batch  # noqa: E402
 from trl_bandpo.demo.report import metrics_frame, summarize_history, tail_share_of_upper_clipping  # noqa: E402
-from trl_bandpo.demo.runs import method_config, train_method  # noqa: E402
+from trl_bandpo.demo.runs import lora_config, method_config, train_method  # noqa: E402
 from trl_bandpo.demo.task import correctness_reward, last_number_reward, make_problems  # noqa: E402
 
 ARMS = ("addition", "divisors", "exploration", "smollm2")
@@ -175,6 +175,7 @@ ADDITION_MAX_OPERAND, ADDITION_HELD_OUT = 20, 100  # the demo's
 #: The real-model arm: the model (``--model``), and the demo's chat task and settings with ``--model``
 #: (`trl_bandpo.demo.cli`): sums of a, b < 10, 20 held out, replies of at most 16 tokens at T = 0.7, LoRA rank 16.
 REAL_MODEL, REAL_MAX_OPERAND, REAL_HELD_OUT, REAL_TEMPERATURE, REAL_SAMPLES = "smollm2-135m-instruct", 10, 20, 0.7, 4
+REAL_LORA_RANK = 16  # the demo's --lora-rank
 #: The flags' defaults on the real-model arm, where not given: a pilot (docs/evidence.md, "Round 2") set them.
 REAL_MODEL_DEFAULTS = {"seeds": ["0-2"], "steps": 16, "lr": 5e-4, "threads": 0, "prompts_per_generation": 4,
                        "num_generations": 4, "steps_per_generation": 2, "num_iterations": 2}  # fmt: skip
@@ -483,9 +484,9 @@ def run_one(arm: str, method: str, seed: int, model_path: Path, train_rows, eval
     overrides = {"bf16": False, "gradient_checkpointing": False} if real else {}
     config = method_config(METHODS[method], out / "trainer", rl, max_new_tokens(arm), **overrides)
     bar = SimpleNamespace(update=lambda n: None, set_postfix=lambda *a, **k: None)  # the study's bar counts runs
+    peft_config = lora_config(REAL_LORA_RANK) if real else None
     trainer, history, train_seconds = train_method(config, method, model_path, train_rows, bar, REWARDS[arm],
-                                                   (RareShareProbe(),),
-                                                   peft_config=lora_config() if real else None)  # fmt: skip
+                                                   (RareShareProbe(),), peft_config=peft_config)  # fmt: skip
     model = trainer.accelerator.unwrap_model(trainer.model)
     row = {
         "arm": arm,
@@ -523,13 +524,6 @@ def run_one(arm: str, method: str, seed: int, model_path: Path, train_rows, eval
     row["run_seconds"] = time.time() - start
     del trainer, model
     return row, {"history": logged, "probes": probes}
-
-
-def lora_config():
-    """The real-model arm's adapters: the demo's (rank 16, alpha 32, every linear layer)."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM")
 
 
 def reward_per_batch(history, updates: int):

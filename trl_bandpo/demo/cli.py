@@ -247,15 +247,13 @@ def _run(args, settings, configs, train_rows, eval_rows, out: Path) -> int:
             f"({time.time() - start:.1f} s)."
         )
     else:
-        from peft import LoraConfig
-
         from ..data.models import resolve_model
 
         model_path, reused = resolve_model(args.model, say), False
         warm_meta = {"steps": 0}
         reward, rank = task.last_number_reward, args.lora_rank
         if rank:
-            peft_config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
+            peft_config = runs.lora_config(rank)
     warm_seconds = time.time() - start
     evaluate = functools.partial(
         task.evaluate_accuracy, tokenizer=AutoTokenizer.from_pretrained(model_path), rows=eval_rows, reward=reward,

@@ -82,6 +82,13 @@ def method_config(settings, run_dir, args, max_new_tokens, **overrides):
     return PolicyLossConfig(**(fields | overrides))
 
 
+def lora_config(rank: int):
+    """The pretrained model's adapters: LoRA of rank `rank` (alpha 2 rank) on every linear layer."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
+
+
 def train_method(config, label, model_path, train_rows, bar, reward=None, callbacks=(), peft_config=None):
     """Train the model at `model_path` (with `peft_config`'s adapters, if given) with RL on `train_rows` (``prompt``,
     ``answer``) under `config` (a `method_config`), rewarded by `reward` (default `correctness_reward`) with
